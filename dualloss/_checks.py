@@ -1,0 +1,207 @@
+"""Framework-free argument validation shared by ``spec``, ``torch_impl`` and ``jax_impl``.
+
+Every function here takes plain Python values (shapes as tuples, dtype names as strings, NumPy
+arrays for value checks), so the three implementations raise byte-identical messages. Each message
+is one sentence: the argument in backticks, what was expected, what was received.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+
+import numpy as np
+
+REDUCTIONS = ("none", "mean", "sum")
+
+
+def _shape(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(int(d) for d in shape)
+
+
+def reduction(reduction: object) -> str:
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise ValueError(
+            f"`reduction` must be one of 'none', 'mean', 'sum'. Received: reduction={reduction!r}."
+        )
+    return reduction
+
+
+def _real(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"`{name}` must be a real number. Received: {name}={value!r}.")
+    return float(value)
+
+
+def gamma(gamma: object) -> float:
+    value = _real("gamma", gamma)
+    if not (math.isfinite(value) and value >= 0.0):
+        raise ValueError(f"`gamma` must be a finite number >= 0. Received: gamma={gamma!r}.")
+    return value
+
+
+def unit_interval(name: str, value: object) -> float:
+    """A scalar option that must lie in [0, 1] (`label_smoothing`, scalar `alpha`)."""
+    number = _real(name, value)
+    if not 0.0 <= number <= 1.0:
+        raise ValueError(f"`{name}` must be in [0, 1]. Received: {name}={value!r}.")
+    return number
+
+
+def ignore_index(ignore_index: object) -> int:
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, numbers.Integral):
+        raise TypeError(
+            f"`ignore_index` must be an integer. Received: ignore_index={ignore_index!r}."
+        )
+    return int(ignore_index)
+
+
+def float_logits(name: str, is_floating: bool, dtype: object) -> None:
+    if not is_floating:
+        raise TypeError(f"`{name}` must have a floating dtype. Received: {name}.dtype={dtype}.")
+
+
+def class_axis(axis: object, ndim: int) -> int:
+    """Normalises `axis` for logits of `ndim` dimensions (negative counts from the end)."""
+    if isinstance(axis, bool) or not isinstance(axis, numbers.Integral):
+        raise TypeError(f"`axis` must be an integer. Received: axis={axis!r}.")
+    if ndim == 0:
+        raise ValueError(
+            "`logits` must have at least one dimension (the class axis). Received: logits.shape=()."
+        )
+    if not -ndim <= axis < ndim:
+        raise ValueError(
+            f"`axis` must be in [-{ndim}, {ndim}) for logits with {ndim} dimensions. "
+            f"Received: axis={axis}."
+        )
+    return int(axis) % ndim
+
+
+def softmax_targets(
+    targets_kind: str,
+    targets_shape: Sequence[int],
+    targets_dtype: object,
+    logits_shape: Sequence[int],
+    axis: int,
+) -> None:
+    """`targets_kind` is 'index' (integer dtype), 'prob' (floating dtype) or anything else."""
+    targets_shape = _shape(targets_shape)
+    logits_shape = _shape(logits_shape)
+    if targets_kind == "index":
+        expected = logits_shape[:axis] + logits_shape[axis + 1 :]
+        if targets_shape != expected:
+            raise ValueError(
+                f"`targets` of class indices must have shape {expected}, the logits shape "
+                f"{logits_shape} without axis {axis}. Received: targets.shape={targets_shape}."
+            )
+    elif targets_kind == "prob":
+        if targets_shape != logits_shape:
+            raise ValueError(
+                f"`targets` of class probabilities must have the logits shape {logits_shape}. "
+                f"Received: targets.shape={targets_shape}."
+            )
+    else:
+        raise TypeError(
+            "`targets` must hold integer class indices or floating class probabilities. "
+            f"Received: targets.dtype={targets_dtype}."
+        )
+
+
+def class_indices(targets: np.ndarray, num_classes: int, ignore_index: int) -> None:
+    """Every index lies in [0, num_classes) or equals ignore_index (needs concrete values)."""
+    targets = np.asarray(targets)
+    bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
+    if bad.any():
+        position = tuple(int(i) for i in np.argwhere(bad)[0])
+        value = int(targets[position])
+        raise ValueError(
+            f"`targets` has class index {value} at position {position}, outside "
+            f"[0, {num_classes}) and not ignore_index={ignore_index}."
+        )
+
+
+def class_vector(name: str, shape: Sequence[int], num_classes: int) -> None:
+    """`weight` or vector `alpha`: one entry per class."""
+    shape = _shape(shape)
+    if shape != (num_classes,):
+        raise ValueError(
+            f"`{name}` must be a vector of length {num_classes} (one entry per class). "
+            f"Received: {name}.shape={shape}."
+        )
+
+
+def unit_interval_values(name: str, values: np.ndarray) -> None:
+    """Every entry of a vector option (vector `alpha`) lies in [0, 1] (needs concrete values)."""
+    values = np.asarray(values, dtype=np.float64)
+    bad = ~((values >= 0.0) & (values <= 1.0))
+    if bad.any():
+        position = int(np.argwhere(bad)[0][0])
+        raise ValueError(
+            f"`{name}` must have every entry in [0, 1]. "
+            f"Received: {name}[{position}]={float(values[position])!r}."
+        )
+
+
+def class_mask(
+    shape: Sequence[int], is_bool: bool, dtype: object, logits_shape: Sequence[int]
+) -> None:
+    """`where`: a boolean mask that broadcasts to the logits shape."""
+    shape = _shape(shape)
+    logits_shape = _shape(logits_shape)
+    if not is_bool:
+        raise TypeError(f"`where` must be a boolean mask. Received: where.dtype={dtype}.")
+    broadcastable(name="where", shape=shape, logits_shape=logits_shape)
+
+
+def broadcastable(name: str, shape: Sequence[int], logits_shape: Sequence[int]) -> None:
+    shape = _shape(shape)
+    logits_shape = _shape(logits_shape)
+    try:
+        ok = np.broadcast_shapes(shape, logits_shape) == logits_shape
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"`{name}` must broadcast to the logits shape {logits_shape}. "
+            f"Received: {name}.shape={shape}."
+        )
+
+
+def sigmoid_targets(
+    targets_shape: Sequence[int], is_floating: bool, dtype: object, logits_shape: Sequence[int]
+) -> None:
+    targets_shape = _shape(targets_shape)
+    logits_shape = _shape(logits_shape)
+    if not is_floating:
+        raise TypeError(
+            f"`targets` must have a floating dtype (probabilities in [0, 1]). "
+            f"Received: targets.dtype={dtype}."
+        )
+    if targets_shape != logits_shape:
+        raise ValueError(
+            f"`targets` must have the logits shape {logits_shape}. "
+            f"Received: targets.shape={targets_shape}."
+        )
+
+
+def focal_alpha(alpha: object, num_classes: int | None) -> None:
+    """Scalar `alpha` in [0, 1]; for the softmax focal loss also a length-C vector.
+
+    Vector values are checked by `unit_interval_values`, by the caller, where they are concrete.
+    """
+    if alpha is None:
+        return
+    if isinstance(alpha, numbers.Real) and not isinstance(alpha, bool):
+        unit_interval("alpha", alpha)
+        return
+    shape = getattr(alpha, "shape", None)
+    if shape is None or num_classes is None:
+        raise TypeError(
+            "`alpha` must be None or a number in [0, 1]"
+            + ("" if num_classes is None else " or a vector of one entry per class")
+            + f". Received: alpha={alpha!r}."
+        )
+    if len(shape) == 0:
+        return
+    class_vector("alpha", shape, num_classes)

@@ -1,0 +1,604 @@
+"""The NumPy specification of dualloss: values and closed-form gradients, in float64.
+
+This module is the reference that ``torch_impl``, ``jax_impl`` and any user loss are judged
+against (see ``dualloss.parity``). It favours accuracy over speed: every value and every gradient
+entry is meant to be within a few float64 ULPs of the exact result, also where the loss or the
+gradient is tiny (a target probability within 1e-300 of 1). ``torch_impl`` and ``jax_impl``
+follow the same functions in the same order with the same local names.
+
+The math (per element; p = softmax(z) along the class axis, sigma = sigmoid), from DESIGN.md:
+
+* softmax cross entropy  l = -sum_c w_c t_c log p_c,          dl/dz = p * sum_c v_c - v,  v = w t
+* softmax focal loss     l = -sum_c a_c (1 - p_c)^g log p_c,  a = alpha t,
+                         v_c = a_c (1 - p_c)^g (1 - g phi(p_c)),  phi(p) = p log p / (1 - p)
+* sigmoid cross entropy  l = w [(1 - t) softplus(x) + q t softplus(-x)]
+* sigmoid focal loss     l = alpha_t (1 - p_t)^g ce
+
+where t is the (label-smoothed) target distribution. Conventions: 0 log 0 = 0, x^0 = 1.
+
+All computations happen in float64 whatever the input dtype; results are float64 NumPy arrays
+(NumPy float64 scalars for the reductions 'mean' and 'sum').
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import _checks
+
+__all__ = [
+    "softmax_cross_entropy",
+    "softmax_cross_entropy_grad",
+    "softmax_focal_loss",
+    "softmax_focal_loss_grad",
+    "sigmoid_cross_entropy",
+    "sigmoid_cross_entropy_grad",
+    "sigmoid_focal_loss",
+    "sigmoid_focal_loss_grad",
+]
+
+ArrayLike = Any
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs
+# ----------------------------------------------------------------------------------------------
+
+
+def _as_array(x: ArrayLike) -> np.ndarray:
+    """NumPy view of `x` (NumPy array, Python scalar or anything with __array__)."""
+    return np.asarray(x)
+
+
+def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where):
+    """Validates the softmax arguments; returns them in float64 with the class axis last.
+
+    Returns (z, t, keep, valid, is_index, class_weight, axis): `z` the logits with masked classes
+    at -inf, `t` the smoothed target distribution (zero rows where ignored), `keep` the non-ignored
+    elements, `valid` the classes inside `where`, `class_weight` the per-class vector (`weight` or
+    `alpha`, ones if None).
+    """
+    logits = _as_array(logits)
+    targets = _as_array(targets)
+    _checks.float_logits("logits", np.issubdtype(logits.dtype, np.floating), logits.dtype)
+    axis = _checks.class_axis(axis, logits.ndim)
+    num_classes = logits.shape[axis]
+    if np.issubdtype(targets.dtype, np.integer):
+        kind = "index"
+    elif np.issubdtype(targets.dtype, np.floating):
+        kind = "prob"
+    else:
+        kind = "other"
+    _checks.softmax_targets(kind, targets.shape, targets.dtype, logits.shape, axis)
+    ignore_index = _checks.ignore_index(ignore_index)
+    label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
+    if kind == "index":
+        _checks.class_indices(targets, num_classes, ignore_index)
+    if weight is not None:
+        weight = _as_array(weight)
+        _checks.class_vector("weight", weight.shape, num_classes)
+    if alpha is not None:
+        alpha = alpha if np.isscalar(alpha) else _as_array(alpha)
+        _checks.focal_alpha(alpha, num_classes)
+        _checks.unit_interval_values("alpha", np.atleast_1d(alpha))
+    if where is not None:
+        where = _as_array(where)
+        _checks.class_mask(where.shape, where.dtype == np.bool_, where.dtype, logits.shape)
+
+    z = np.moveaxis(logits.astype(np.float64), axis, -1)
+    # classes outside `where` leave the softmax: exactly a logit of -inf
+    if where is None:
+        valid = np.ones(z.shape, dtype=bool)
+    else:
+        valid = np.moveaxis(np.broadcast_to(where, logits.shape), axis, -1)
+        z = np.where(valid, z, -np.inf)
+    classes = np.arange(num_classes)
+    if kind == "index":
+        keep = targets != ignore_index
+        one_hot = (classes == targets[..., None]) & keep[..., None]
+        t = one_hot.astype(np.float64)
+    else:
+        keep = np.ones(z.shape[:-1], dtype=bool)
+        t = np.moveaxis(targets.astype(np.float64), axis, -1)
+    if label_smoothing != 0.0:
+        # t~ = (1 - eps) t + eps / C, the eps mass spread over the classes inside `where` only
+        num_valid = np.sum(valid, axis=-1, keepdims=True)
+        uniform = np.where(valid, 1.0 / np.maximum(num_valid, 1), 0.0)
+        t = (1.0 - label_smoothing) * t + label_smoothing * uniform * keep[..., None]
+    vector = weight if weight is not None else alpha
+    if vector is None:
+        class_weight = np.ones(num_classes)
+    else:
+        class_weight = np.broadcast_to(_as_array(vector).astype(np.float64), (num_classes,))
+    return z, t, keep, valid, kind == "index", class_weight, axis
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax core
+# ----------------------------------------------------------------------------------------------
+
+
+def _log_softmax(z):
+    """log p, log(1 - p), p and 1 - p along the last axis, each to float64 relative accuracy.
+
+    Only the largest logit (the "top" class, first one on ties) can have p > 1/2. With
+    s = sum_{j != top} exp(z_j - z_top), the normaliser is 1 + s exactly, so
+      log p_c       = (z_c - z_top) - log1p(s)
+      log(1 - p_top) = log(s) - log1p(s),  log s = logsumexp_{j != top} (z_j - z_top)
+      log(1 - p_c)  = log1p(-p_c) for every other class (p_c <= 1/2, no cancellation).
+    """
+    num_classes = z.shape[-1]
+    top = np.argmax(z, axis=-1)[..., None]
+    is_top = np.arange(num_classes) == top
+    z_top = np.take_along_axis(z, top, axis=-1)
+    # shift so that the largest logit is 0: exp cannot overflow (a row of -inf gives NaN)
+    shifted = z - z_top
+    others = np.where(is_top, -np.inf, shifted)
+    s = np.sum(np.exp(others), axis=-1, keepdims=True)
+    log1p_s = np.log1p(s)
+    # log s = m + log(sum_{j != top} exp(z_j - z_top - m)), m the runner-up: exact when s underflows
+    runner_up = np.max(others, axis=-1, keepdims=True)
+    runner_up = np.where(np.isfinite(runner_up), runner_up, 0.0)
+    log_s = runner_up + np.log(np.sum(np.exp(others - runner_up), axis=-1, keepdims=True))
+    log_p = shifted - log1p_s
+    p = np.exp(log_p)
+    # 1 - p_top = s / (1 + s), never formed as 1 - p
+    not_p = np.where(is_top, s / (1.0 + s), 1.0 - p)
+    log_not_p = np.where(is_top, log_s - log1p_s, np.log1p(-p))
+    return log_p, log_not_p, p, not_p, is_top, s, log1p_s
+
+
+def _focal_phi(log_p, p, not_p, is_top, s, log1p_s):
+    """phi(p) = p log p / (1 - p), in [-1, 0]: phi(0) = 0, phi -> -1 as p -> 1.
+
+    For the top class p = 1 / (1 + s) and 1 - p = s / (1 + s), so phi = -log1p(s) / s.
+    """
+    phi_top = np.where(s > 0.0, -log1p_s / np.where(s > 0.0, s, 1.0), -1.0)
+    phi_rest = np.where(p > 0.0, p * log_p / not_p, 0.0)
+    return np.where(is_top, phi_top, phi_rest)
+
+
+def _sum_except_self(v):
+    """sum_{c != j} v_c for each j, for v >= 0, without cancellation.
+
+    S - v_j is accurate when v_j <= S / 2, which holds for all but at most one class per row (the
+    largest); for that one the sum of the others is formed directly.
+    """
+    num_classes = v.shape[-1]
+    total = np.sum(v, axis=-1, keepdims=True)
+    is_big = np.arange(num_classes) == np.argmax(v, axis=-1)[..., None]
+    rest_of_big = np.sum(np.where(is_big, 0.0, v), axis=-1, keepdims=True)
+    return np.where(is_big, rest_of_big, total - v)
+
+
+def _softmax_focal_terms(z, a, gamma):
+    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c and its gradient (class axis last).
+
+    With gamma = 0 this is the (weighted) softmax cross entropy -sum_c a_c log p_c.
+    The gradient is p_j sum_{c != j} v_c - (1 - p_j) v_j, the same as p * sum(v) - v but free of
+    the cancellation p_j - 1 when p_j is close to 1.
+    """
+    log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
+    if gamma == 0.0:
+        # (1 - p)^0 = 1, also at p = 1
+        focal_weight = np.ones_like(log_p)
+        v = a
+    else:
+        # (1 - p)^gamma = exp(gamma log(1 - p))
+        focal_weight = np.exp(gamma * log_not_p)
+        phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
+        v = a * focal_weight * (1.0 - gamma * phi)
+    # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf
+    loss = -np.sum(np.where(a == 0.0, 0.0, a * focal_weight * log_p), axis=-1)
+    grad = p * _sum_except_self(v) - not_p * v
+    return loss, grad
+
+
+# ----------------------------------------------------------------------------------------------
+# Reductions
+# ----------------------------------------------------------------------------------------------
+
+
+def _reduce(loss, grad, reduction, denominator):
+    """Applies `reduction` to per-element losses and their gradients.
+
+    A mean over a zero denominator (every target ignored, or no elements) is 0 with zero gradient.
+    """
+    if reduction == "none":
+        return loss, grad
+    total = np.sum(loss)
+    if reduction == "sum":
+        return total, grad
+    if denominator == 0:
+        return total * 0.0, grad * 0.0
+    return total / denominator, grad / denominator
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def _softmax(
+    logits,
+    targets,
+    axis,
+    class_weight_arg,
+    gamma,
+    is_focal,
+    ignore_index,
+    label_smoothing,
+    where,
+    reduction,
+):
+    reduction = _checks.reduction(reduction)
+    if is_focal:
+        gamma = _checks.gamma(gamma)
+        weight, alpha = None, class_weight_arg
+    else:
+        weight, alpha = class_weight_arg, None
+    z, t, keep, valid, is_index, class_weight, axis = _softmax_inputs(
+        logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where
+    )
+    a = class_weight * t
+    loss, grad = _softmax_focal_terms(z, a, gamma)
+    # ignored elements give 0 and no gradient, whatever their logits; masked classes no gradient
+    loss = np.where(keep, loss, 0.0)
+    grad = np.where(keep[..., None] & valid, grad, 0.0)
+    if is_index and not is_focal:
+        # torch: the weighted mean divides by the weights of the kept targets
+        targets = np.where(keep, _as_array(targets), 0)
+        denominator = np.sum(np.where(keep, class_weight[targets], 0.0))
+    elif is_index:
+        denominator = np.sum(keep)
+    else:
+        denominator = keep.size
+    loss, grad = _reduce(loss, grad, reduction, denominator)
+    return loss, np.moveaxis(grad, -1, axis)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API: softmax losses
+# ----------------------------------------------------------------------------------------------
+
+
+def softmax_cross_entropy(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    axis: int = -1,
+    weight: ArrayLike | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    where: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> np.ndarray:
+    """Softmax cross entropy, torch ``F.cross_entropy`` semantics, computed in float64.
+
+    l = -sum_c w_c t~_c log p_c,  p = softmax(logits) along `axis`,
+    t~ = (1 - eps) t + eps / C with t = onehot(targets) for class indices.
+
+    Args:
+      logits: floating array, the class scores; classes at -inf are masked out.
+      targets: integer class indices (the logits shape without `axis`) or floating class
+        probabilities (the logits shape). Dispatched on dtype, as torch does.
+      axis: the class axis.
+      weight: optional per-class weights, length C.
+      ignore_index: class-index targets equal to this give 0 and are left out of the mean.
+      label_smoothing: eps in [0, 1]; with `where`, the eps mass goes to the unmasked classes.
+      where: optional boolean mask broadcastable to the logits: False classes leave the softmax
+        (optax semantics); a target on a masked class gives +inf.
+      reduction: 'none' (per-element losses), 'sum', or 'mean' (torch's: divided by the summed
+        weights of the kept targets for class indices, by the number of elements for
+        probabilities; 0 when nothing is kept).
+
+    Returns:
+      float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise.
+
+    Example:
+      >>> round(float(softmax_cross_entropy(np.array([[2.0, 0.0, -1.0]]), np.array([0]))), 6)
+      0.169846
+
+    References:
+      torch.nn.functional.cross_entropy; Szegedy et al., "Rethinking the Inception Architecture"
+      (label smoothing), https://arxiv.org/abs/1512.00567
+    """
+    loss, _ = _softmax(
+        logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
+    )
+    return loss
+
+
+def softmax_cross_entropy_grad(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    axis: int = -1,
+    weight: ArrayLike | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    where: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> np.ndarray:
+    """Gradient of ``softmax_cross_entropy`` (reduced as `reduction` says) w.r.t. the logits.
+
+    dl/dz = p * sum_c v_c - v, v = w * t~, per element. For reduction 'none' it is the gradient
+    of the sum of the per-element losses. Shaped like the logits, float64; masked classes and
+    ignored elements get 0.
+    """
+    _, grad = _softmax(
+        logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
+    )
+    return grad
+
+
+def softmax_focal_loss(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    axis: int = -1,
+    gamma: float = 2.0,
+    alpha: ArrayLike | float | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    where: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> np.ndarray:
+    """Softmax focal loss (Lin et al.), computed in float64.
+
+    l = -sum_c a_c (1 - p_c)^gamma log p_c,  a_c = alpha_c t~_c,  p = softmax(logits).
+
+    (1 - p)^gamma is exp(gamma log(1 - p)) with log(1 - p) formed from the other classes, so
+    the loss and its gradient stay accurate for gamma < 1 and p within 1e-300 of 1; gamma = 0
+    with alpha None is exactly ``softmax_cross_entropy``.
+
+    Args:
+      logits, targets, axis, ignore_index, label_smoothing, where: as ``softmax_cross_entropy``.
+      gamma: focusing parameter, a number >= 0 (0 and values below 1 included).
+      alpha: None (no balancing), a number in [0, 1] for every class, or a length-C vector.
+      reduction: 'none', 'sum', or 'mean' (over the kept elements; 0 when nothing is kept).
+
+    Returns:
+      float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise.
+
+    Example:
+      >>> round(float(softmax_focal_loss(np.array([[2.0, 0.0, -1.0]]), np.array([0]))), 6)
+      0.004144
+
+    References:
+      Lin et al., "Focal Loss for Dense Object Detection", https://arxiv.org/abs/1708.02002
+    """
+    loss, _ = _softmax(
+        logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
+    )
+    return loss
+
+
+def softmax_focal_loss_grad(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    axis: int = -1,
+    gamma: float = 2.0,
+    alpha: ArrayLike | float | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    where: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> np.ndarray:
+    """Gradient of ``softmax_focal_loss`` w.r.t. the logits, shaped like them (float64).
+
+    v_c = a_c (1 - p_c)^gamma (1 - gamma phi(p_c)), phi(p) = p log p / (1 - p) in [-1, 0];
+    dl/dz = p * sum_c v_c - v. |v_c| <= a_c (1 + gamma): bounded for every gamma >= 0.
+    """
+    _, grad = _softmax(
+        logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
+    )
+    return grad
+
+
+# ----------------------------------------------------------------------------------------------
+# Sigmoid core
+# ----------------------------------------------------------------------------------------------
+
+
+def _sigmoid_inputs(logits, targets, weight, pos_weight):
+    """Validates the sigmoid arguments; returns x, t, w, q as float64 arrays of the logits shape."""
+    logits = _as_array(logits)
+    targets = _as_array(targets)
+    _checks.float_logits("logits", np.issubdtype(logits.dtype, np.floating), logits.dtype)
+    _checks.sigmoid_targets(
+        targets.shape, np.issubdtype(targets.dtype, np.floating), targets.dtype, logits.shape
+    )
+    x = logits.astype(np.float64)
+    t = targets.astype(np.float64)
+    factors = []
+    for name, factor in (("weight", weight), ("pos_weight", pos_weight)):
+        if factor is None:
+            factors.append(np.ones_like(x))
+            continue
+        factor = _as_array(factor)
+        _checks.broadcastable(name, factor.shape, logits.shape)
+        factors.append(np.broadcast_to(factor.astype(np.float64), x.shape))
+    return x, t, factors[0], factors[1]
+
+
+def _softplus(x):
+    """softplus(x) = log(1 + exp(x)) = -log_sigmoid(-x), accurate for every x."""
+    return np.logaddexp(0.0, x)
+
+
+def _sigmoid(x):
+    """sigmoid(x), to a few ULPs relative for every x (no 1 - sigmoid(-x))."""
+    e = np.exp(-np.abs(x))
+    return np.where(x >= 0.0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _sigmoid_terms(x, t, q):
+    """Per-element sigmoid cross entropy (w = 1) and its gradient.
+
+    l = (1 - t) softplus(x) + q t softplus(-x), the same as torch's
+    (1 - t) x + (1 + (q - 1) t) softplus(-x) but a sum of two terms >= 0, so no cancellation.
+    dl/dx = (1 - t) sigma(x) - q t sigma(-x), the same as (q t + 1 - t) sigma(x) - q t.
+    """
+    # -log(1 - sigma(x)) = softplus(x), -log(sigma(x)) = softplus(-x)
+    loss = (1.0 - t) * _softplus(x) + q * t * _softplus(-x)
+    grad = (1.0 - t) * _sigmoid(x) - q * t * _sigmoid(-x)
+    return loss, grad
+
+
+def _sigmoid_reduce(loss, grad, reduction):
+    return _reduce(loss, grad, reduction, loss.size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API: sigmoid losses
+# ----------------------------------------------------------------------------------------------
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
+    reduction = _checks.reduction(reduction)
+    x, t, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
+    loss, grad = _sigmoid_terms(x, t, q)
+    return _sigmoid_reduce(w * loss, w * grad, reduction)
+
+
+def sigmoid_cross_entropy(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    weight: ArrayLike | None = None,
+    pos_weight: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> np.ndarray:
+    """Sigmoid (binary) cross entropy with logits, torch semantics, computed in float64.
+
+    l = w [(1 - t) x + (1 + (q - 1) t) softplus(-x)] = w [(1 - t) softplus(x) + q t softplus(-x)]
+
+    Args:
+      logits: floating array.
+      targets: floating array of the logits shape, probabilities in [0, 1].
+      weight: optional element-wise weight w, broadcastable to the logits.
+      pos_weight: optional weight q of the positive term, broadcastable to the logits (torch:
+        one entry per class along the last axis).
+      reduction: 'none', 'sum', or 'mean' (over all elements; 0 for no elements).
+
+    Returns:
+      float64 array of the logits shape for 'none', a float64 scalar otherwise.
+
+    Example:
+      >>> round(float(sigmoid_cross_entropy(np.array([3.0, -1.0]), np.array([1.0, 0.0]))), 6)
+      0.180925
+
+    References:
+      torch.nn.functional.binary_cross_entropy_with_logits
+    """
+    loss, _ = _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
+    return loss
+
+
+def sigmoid_cross_entropy_grad(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    weight: ArrayLike | None = None,
+    pos_weight: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> np.ndarray:
+    """Gradient of ``sigmoid_cross_entropy`` w.r.t. the logits, shaped like them (float64).
+
+    dl/dx = w [(q t + 1 - t) sigma(x) - q t] = w [(1 - t) sigma(x) - q t sigma(-x)].
+    """
+    _, grad = _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
+    return grad
+
+
+def _sigmoid_focal_terms(x, t, alpha, gamma):
+    """Per-element sigmoid focal loss and its gradient (torchvision semantics).
+
+    p_t = p t + (1 - p)(1 - t), so 1 - p_t = p (1 - t) + (1 - p) t, formed in log space;
+    l = alpha_t (1 - p_t)^gamma ce,
+    dl/dx = alpha_t (1 - p_t)^gamma [(p - t) + gamma ce (1 - 2t) r],  r = p (1 - p) / (1 - p_t).
+    """
+    ce, p_minus_t = _sigmoid_terms(x, t, 1.0)
+    # log p = -softplus(-x), log(1 - p) = -softplus(x)
+    log_p = -_softplus(-x)
+    log_not_p = -_softplus(x)
+    # log(1 - p_t) = logaddexp(log(1 - t) + log p, log t + log(1 - p)); log 0 = -inf drops a term
+    log_not_pt = np.logaddexp(np.log1p(-t) + log_p, np.log(t) + log_not_p)
+    if gamma == 0.0:
+        # (1 - p_t)^0 = 1, also at p_t = 1
+        focal_weight = np.ones_like(x)
+    else:
+        focal_weight = np.exp(gamma * log_not_pt)
+    if alpha is None:
+        alpha_t = np.ones_like(x)
+    else:
+        alpha_t = alpha * t + (1.0 - alpha) * (1.0 - t)
+    # r = p (1 - p) / (1 - p_t) <= 1
+    r = np.exp(log_p + log_not_p - log_not_pt)
+    loss = alpha_t * focal_weight * ce
+    grad = alpha_t * focal_weight * (p_minus_t + gamma * ce * (1.0 - 2.0 * t) * r)
+    return loss, grad
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
+    reduction = _checks.reduction(reduction)
+    gamma = _checks.gamma(gamma)
+    _checks.focal_alpha(alpha, None)
+    x, t, _, _ = _sigmoid_inputs(logits, targets, None, None)
+    loss, grad = _sigmoid_focal_terms(x, t, alpha, gamma)
+    return _sigmoid_reduce(loss, grad, reduction)
+
+
+def sigmoid_focal_loss(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    gamma: float = 2.0,
+    alpha: float | None = None,
+    reduction: str = "mean",
+) -> np.ndarray:
+    """Sigmoid focal loss, torchvision ``sigmoid_focal_loss`` semantics, computed in float64.
+
+    p = sigmoid(x), p_t = p t + (1 - p)(1 - t), alpha_t = alpha t + (1 - alpha)(1 - t) (1 for
+    alpha None), ce = sigmoid cross entropy;  l = alpha_t (1 - p_t)^gamma ce.
+
+    Args:
+      logits: floating array.
+      targets: floating array of the logits shape, in [0, 1] (soft targets allowed).
+      gamma: focusing parameter, a number >= 0.
+      alpha: None (no balancing) or torchvision's alpha, a number in [0, 1]. Note torchvision's
+        default is 0.25; here it is None.
+      reduction: 'none', 'sum', or 'mean' (over all elements; 0 for no elements).
+
+    Returns:
+      float64 array of the logits shape for 'none', a float64 scalar otherwise.
+
+    Example:
+      >>> round(float(sigmoid_focal_loss(np.array([3.0, -1.0]), np.array([1.0, 0.0]))), 6)
+      0.011384
+
+    References:
+      Lin et al., "Focal Loss for Dense Object Detection", https://arxiv.org/abs/1708.02002;
+      torchvision.ops.sigmoid_focal_loss
+    """
+    loss, _ = _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
+    return loss
+
+
+def sigmoid_focal_loss_grad(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    gamma: float = 2.0,
+    alpha: float | None = None,
+    reduction: str = "mean",
+) -> np.ndarray:
+    """Gradient of ``sigmoid_focal_loss`` w.r.t. the logits, shaped like them (float64).
+
+    dl/dx = alpha_t m [(p - t) + gamma ce (1 - 2t) r],  m = (1 - p_t)^gamma,
+    log r = log sigma(x) + log sigma(-x) - log(1 - p_t): bounded for every t in [0, 1].
+    """
+    _, grad = _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
+    return grad
