@@ -1,0 +1,366 @@
+"""Judging a candidate's value and gradient against the float64 spec, with one derived tolerance.
+
+The candidate saw inputs in its own dtype; the reference is ``dualloss.spec`` in float64 evaluated
+on exactly those inputs (already rounded), so input rounding needs no allowance. What remains is
+the error of the candidate's arithmetic in its working precision, with unit roundoff u:
+
+    u = 2**-53 (float64), 2**-24 (float32), 2**-11 (float16), 2**-8 (bfloat16).
+
+The bound is a first-order forward error bound of the textbook, log-space algorithm, written as
+``tolerance = K * u * (|reference| + scale)``, where ``scale`` collects, term by term, how much an
+error of u in each elementary operation can move the result:
+
+Softmax losses (per element, classes c; a_c = class weight x smoothed target mass, w_c = (1-p_c)^g,
+kappa_c = |z_c - z_top| the shifted logit, which an implementation rounds with absolute error
+u * kappa_c before exponentiating):
+
+* log p_c = (z_c - z_top) - log(sum_j exp(z_j - z_top)) carries an absolute error of
+  u (1 + kappa_c + |log p_c|);
+* w_c = exp(g log(1 - p_c)) carries a relative error of u g (1 + |log(1 - p_c)|);
+* so  value scale = sum_c a_c w_c (1 + kappa_c + |log p_c|) (1 + g (1 + |log(1 - p_c)|)).
+
+  The gradient g_j = p_j sum_{c != j} v_c - (1 - p_j) v_j (v from DESIGN.md) is a difference of two
+  products; p_j has relative error u (1 + kappa_j), v_c relative error u (1 + g (1 + |log(1-p_c)|)).
+  With V_c = |v_c| (1 + kappa_c) (1 + g (1 + |log(1 - p_c)|)):
+  grad scale_j = p_j (1 + kappa_j) sum_c V_c + V_j.
+
+  This bound is deliberately absolute where the loss is tiny: a confident, correct prediction with
+  cross entropy exp(-20) has scale ~ w_y, so ``torch.nn.functional.cross_entropy`` in float32, which
+  returns 0 there (log(1 + s) rounds to 0), is within tolerance, as it should be: the error is below
+  u times the natural size of the computation. A NaN, an inf, a bias from ``log(p + eps)`` or
+  ``clip`` on a non-tiny probability, or a wrong formula are far outside it.
+
+Sigmoid losses (per element; x the logit, t the target, q = pos_weight, w = weight):
+
+* cross entropy: value scale = |w| (|1 - t| + |q t|) (1 + |x|) (the products t x and the softplus
+  arguments are rounded with absolute error u |x|); grad scale = 2 |w| (|1 - t| + |q t|).
+* focal: m = (1 - p_t)^g, r = p(1 - p)/(1 - p_t); value scale = alpha_t m (1 + |x|)
+  (1 + g (1 + |log(1 - p_t)|)); grad scale = (1 + g) times the value scale.
+
+Reductions add the error of summing n terms pairwise, (1 + ceil(log2 n)) u sum_i |l_i|, and the
+division by the mean's denominator; gradients of a mean are the element gradients divided by it.
+
+K = 8 covers the handful of correctly rounded operations (exp, log1p, the subtraction, the
+products, the final rounding to the output dtype) that each contribute up to u, with a factor ~2
+for library functions that are accurate to 1-2 ULP rather than 0.5. It is the same for every dtype,
+loss and input region: there is no per-case fudge.
+
+A non-finite candidate value or gradient where the spec is finite is a failure of its own kind
+("non-finite"), never an accuracy failure; so is a finite candidate where the spec is NaN or inf
+("hidden non-finite"): NaN logits must propagate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import spec
+
+UNIT_ROUNDOFF = {
+    "float64": 2.0**-53,
+    "float32": 2.0**-24,
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+}
+SMALLEST_SUBNORMAL = {
+    "float64": 2.0**-1074,
+    "float32": 2.0**-149,
+    "float16": 2.0**-24,
+    "bfloat16": 2.0**-133,
+}
+MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
+K = 8.0
+
+LOSSES = (
+    "softmax_cross_entropy",
+    "softmax_focal_loss",
+    "sigmoid_cross_entropy",
+    "sigmoid_focal_loss",
+)
+
+
+def dtype_name(dtype: Any) -> str:
+    """'float32' for np.float32, torch.float32, jnp.float32, 'float32', ..."""
+    name = str(dtype).replace("torch.", "").replace("<class '", "").replace("'>", "")
+    name = name.split(".")[-1]
+    if name not in UNIT_ROUNDOFF:
+        raise ValueError(
+            f"`dtype` must be one of {sorted(UNIT_ROUNDOFF)}. Received: dtype={dtype!r}."
+        )
+    return name
+
+
+def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The spacing of `dtype` numbers at |x| (the smallest subnormal near 0), as float64."""
+    x = np.abs(np.asarray(x, dtype=np.float64))
+    bits = MANTISSA_BITS[dtype]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        exponent = np.floor(np.log2(np.where(x > 0, x, 1.0)))
+    spacing = np.exp2(exponent - bits)
+    return np.maximum(np.where(np.isfinite(x), spacing, np.inf), SMALLEST_SUBNORMAL[dtype])
+
+
+# ----------------------------------------------------------------------------------------------
+# Per-element scales
+# ----------------------------------------------------------------------------------------------
+
+
+def _softmax_scales(loss: str, logits, targets, options):
+    """Per-element value scale (logits shape less the class axis), grad scale (logits shape)."""
+    options = dict(options)
+    axis = options.pop("axis", -1)
+    gamma = float(options.get("gamma", 0.0)) if loss == "softmax_focal_loss" else 0.0
+    vector = options.get("alpha") if loss == "softmax_focal_loss" else options.get("weight")
+    weight, alpha = (None, vector) if loss == "softmax_focal_loss" else (vector, None)
+    with np.errstate(all="ignore"):
+        z, t, keep, valid, _, class_weight, axis = spec._softmax_inputs(
+            logits,
+            targets,
+            axis,
+            weight,
+            alpha,
+            options.get("ignore_index", -100),
+            options.get("label_smoothing", 0.0),
+            options.get("where"),
+        )
+        a = np.abs(class_weight * t)
+        log_p, log_not_p, p, not_p, is_top, s, log1p_s = spec._log_softmax(z)
+        z_top = np.max(z, axis=-1, keepdims=True)
+        kappa = np.where(np.isfinite(z), np.abs(z - z_top), 0.0)
+        focal_weight = np.exp(gamma * log_not_p) if gamma else np.ones_like(z)
+        power_error = 1.0 + gamma * (1.0 + np.abs(np.where(np.isfinite(log_not_p), log_not_p, 0.0)))
+        finite_log_p = np.where(np.isfinite(log_p), np.abs(log_p), 0.0)
+        terms = np.where(
+            a == 0.0, 0.0, a * focal_weight * (1.0 + kappa + finite_log_p) * power_error
+        )
+        value_scale = np.sum(terms, axis=-1)
+        if gamma:
+            phi = spec._focal_phi(log_p, p, not_p, is_top, s, log1p_s)
+            v = a * focal_weight * (1.0 - gamma * phi)
+        else:
+            v = a
+        big_v = np.abs(v) * (1.0 + kappa) * power_error
+        grad_scale = p * (1.0 + kappa) * np.sum(big_v, axis=-1, keepdims=True) + big_v
+        value_scale = np.where(keep, value_scale, 0.0)
+        grad_scale = np.where(keep[..., None] & valid, grad_scale, 0.0)
+    return value_scale, np.moveaxis(grad_scale, -1, axis)
+
+
+def _sigmoid_scales(loss: str, logits, targets, options):
+    x = np.asarray(logits, dtype=np.float64)
+    t = np.asarray(targets, dtype=np.float64)
+    with np.errstate(all="ignore"):
+        if loss == "sigmoid_cross_entropy":
+            w = np.abs(np.broadcast_to(np.asarray(_or(options.get("weight"), 1.0), float), x.shape))
+            q = np.abs(
+                np.broadcast_to(np.asarray(_or(options.get("pos_weight"), 1.0), float), x.shape)
+            )
+            mass = w * (np.abs(1.0 - t) + q * np.abs(t))
+            return mass * (1.0 + np.abs(x)), 2.0 * mass
+        gamma = float(options.get("gamma", 2.0))
+        alpha = options.get("alpha")
+        alpha_t = 1.0 if alpha is None else np.abs(alpha * t + (1.0 - alpha) * (1.0 - t))
+        log_p = -np.logaddexp(0.0, -x)
+        log_not_p = -np.logaddexp(0.0, x)
+        log_not_pt = np.logaddexp(np.log1p(-t) + log_p, np.log(t) + log_not_p)
+        m = np.exp(gamma * log_not_pt) if gamma else np.ones_like(x)
+        power_error = 1.0 + gamma * (1.0 + np.abs(np.where(np.isfinite(log_not_pt), log_not_pt, 0)))
+        base = alpha_t * m * (1.0 + np.abs(x)) * power_error
+        return base, base * (1.0 + gamma)
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+# ----------------------------------------------------------------------------------------------
+# Judgement
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Judgement:
+    """The verdict on one call: reference, tolerance, and what went wrong (if anything)."""
+
+    loss: str
+    dtype: str
+    options: dict
+    expected_value: np.ndarray
+    received_value: np.ndarray
+    expected_grad: np.ndarray | None
+    received_grad: np.ndarray | None
+    value_tolerance: np.ndarray
+    grad_tolerance: np.ndarray | None
+    nonfinite: list[str] = field(default_factory=list)
+    inaccurate: list[str] = field(default_factory=list)
+    worst_value_ulp: float = 0.0
+    worst_grad_ulp: float = 0.0
+    worst_ratio: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.nonfinite and not self.inaccurate
+
+    @property
+    def kind(self) -> str:
+        return "non-finite" if self.nonfinite else ("accuracy" if self.inaccurate else "ok")
+
+
+def _compare(what, expected, received, tolerance, dtype, nonfinite, inaccurate):
+    """Fills `nonfinite` / `inaccurate` with one line per problem; returns (worst ULP, ratio)."""
+    expected = np.asarray(expected, dtype=np.float64)
+    received = np.broadcast_to(np.asarray(received, dtype=np.float64), expected.shape)
+    exp_finite = np.isfinite(expected)
+    rec_finite = np.isfinite(received)
+    bad = exp_finite & ~rec_finite
+    if bad.any():
+        where = tuple(int(i) for i in np.argwhere(bad)[0]) if expected.ndim else ()
+        nonfinite.append(
+            f"{what} is {received[where]!r} at {where} where the spec gives {expected[where]!r}"
+            f" ({int(bad.sum())} of {bad.size} entries non-finite)"
+        )
+    # where the spec is NaN or inf, the candidate must not return a plausible number
+    hidden = ~exp_finite & ~((np.isnan(expected) & np.isnan(received)) | (expected == received))
+    if hidden.any():
+        where = tuple(int(i) for i in np.argwhere(hidden)[0]) if expected.ndim else ()
+        nonfinite.append(
+            f"{what} is {received[where]!r} at {where} where the spec gives {expected[where]!r}"
+            " (a non-finite result hidden)"
+        )
+    both = exp_finite & rec_finite
+    if not both.any():
+        return 0.0, 0.0
+    error = np.where(both, np.abs(received - expected), 0.0)
+    ulps = error / ulp(expected, dtype)
+    ratio = np.where(both, error / np.maximum(tolerance, SMALLEST_SUBNORMAL[dtype]), 0.0)
+    worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.ndim else ()
+    if ratio[worst] > 1.0:
+        inaccurate.append(
+            f"{what} is {received[worst]!r} at {worst} where the spec gives {expected[worst]!r}: "
+            f"error {error[worst]:.3g} > tolerance {float(np.asarray(tolerance)[worst]):.3g}"
+            f" ({ulps[worst]:.3g} ULP of {dtype})"
+        )
+    return float(np.max(ulps)), float(ratio[worst])
+
+
+def judge(
+    loss: str,
+    logits: Any,
+    targets: Any,
+    options: dict | None,
+    dtype: Any,
+    value: Any,
+    grad: Any = None,
+) -> Judgement:
+    """Compares a candidate's value (and gradient w.r.t. the logits) with the spec.
+
+    Args:
+      loss: the spec loss name, e.g. 'softmax_focal_loss'.
+      logits, targets: exactly the inputs the candidate saw, as NumPy arrays (upcast to float64
+        is exact); the class axis where ``options['axis']`` says (default -1).
+      options: keyword arguments of the spec loss (axis, gamma, alpha, weight, reduction, ...).
+      dtype: the candidate's dtype (any spelling: np.float16, torch.bfloat16, 'float32').
+      value: the candidate's loss, as NumPy.
+      grad: the candidate's gradient of the (summed, for reduction 'none') loss w.r.t. the logits,
+        or None to judge the value alone.
+
+    Returns:
+      a ``Judgement``; ``.ok`` is True when both are finite where the spec is and within tolerance.
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"`loss` must be one of {LOSSES}. Received: loss={loss!r}.")
+    dtype = dtype_name(dtype)
+    options = dict(options or {})
+    u = UNIT_ROUNDOFF[dtype]
+    reduction = options.get("reduction", "mean")
+    fn = getattr(spec, loss)
+    grad_fn = getattr(spec, loss + "_grad")
+    expected_value = np.asarray(fn(logits, targets, **options))
+    expected_grad = None if grad is None else np.asarray(grad_fn(logits, targets, **options))
+    element_options = dict(options, reduction="none")
+    elements = np.asarray(fn(logits, targets, **element_options))
+    if loss.startswith("softmax"):
+        value_scale, grad_scale = _softmax_scales(loss, logits, targets, element_options)
+    else:
+        value_scale, grad_scale = _sigmoid_scales(loss, logits, targets, element_options)
+    with np.errstate(all="ignore"):
+        if reduction == "none":
+            value_tolerance = K * u * (np.abs(elements) + value_scale)
+            divisor = 1.0
+        else:
+            divisor = _mean_divisor(loss, logits, targets, options) if reduction == "mean" else 1.0
+            n = max(elements.size, 1)
+            summation = 1.0 + math.ceil(math.log2(n))
+            value_tolerance = np.asarray(
+                K * u * (np.sum(value_scale) + summation * np.sum(np.abs(elements))) / divisor
+                + K * u * np.abs(expected_value)
+            )
+        grad_tolerance = None
+        if grad is not None:
+            grad_tolerance = K * u * (np.abs(expected_grad) + grad_scale / divisor)
+    nonfinite: list[str] = []
+    inaccurate: list[str] = []
+    worst_value_ulp, value_ratio = _compare(
+        "value", expected_value, value, value_tolerance, dtype, nonfinite, inaccurate
+    )
+    worst_grad_ulp, grad_ratio = 0.0, 0.0
+    if grad is not None:
+        worst_grad_ulp, grad_ratio = _compare(
+            "gradient", expected_grad, grad, grad_tolerance, dtype, nonfinite, inaccurate
+        )
+    return Judgement(
+        loss=loss,
+        dtype=dtype,
+        options=options,
+        expected_value=expected_value,
+        received_value=np.asarray(value, dtype=np.float64),
+        expected_grad=expected_grad,
+        received_grad=None if grad is None else np.asarray(grad, dtype=np.float64),
+        value_tolerance=value_tolerance,
+        grad_tolerance=grad_tolerance,
+        nonfinite=nonfinite,
+        inaccurate=inaccurate,
+        worst_value_ulp=worst_value_ulp,
+        worst_grad_ulp=worst_grad_ulp,
+        worst_ratio=max(value_ratio, grad_ratio),
+    )
+
+
+def _mean_divisor(loss, logits, targets, options) -> float:
+    """The denominator of reduction 'mean' (torch semantics, DESIGN.md section 6); 1 when 0."""
+    logits = np.asarray(logits)
+    targets = np.asarray(targets)
+    if loss.startswith("sigmoid") or not np.issubdtype(targets.dtype, np.integer):
+        axis = options.get("axis", -1) if loss.startswith("softmax") else None
+        count = logits.size if axis is None else logits.size // max(logits.shape[axis], 1)
+        return float(max(count, 1))
+    keep = targets != options.get("ignore_index", -100)
+    weight = options.get("weight") if loss == "softmax_cross_entropy" else None
+    if weight is None:
+        return float(max(np.sum(keep), 1))
+    weight = np.asarray(weight, dtype=np.float64)
+    denominator = float(np.sum(np.where(keep, weight[np.where(keep, targets, 0)], 0.0)))
+    return denominator if denominator != 0.0 else 1.0
+
+
+def assert_matches_spec(
+    loss: str,
+    logits: Any,
+    targets: Any,
+    options: dict | None,
+    dtype: Any,
+    value: Any,
+    grad: Any = None,
+    *,
+    context: str = "",
+) -> Judgement:
+    """``judge``, raising AssertionError with every problem and the call named in `context`."""
+    judgement = judge(loss, logits, targets, options, dtype, value, grad)
+    if not judgement.ok:
+        problems = "; ".join(judgement.nonfinite + judgement.inaccurate)
+        raise AssertionError(f"{context or loss} [{judgement.dtype}]: {problems}")
+    return judgement
