@@ -133,6 +133,8 @@ def _log_softmax(z):
     top = np.argmax(z, axis=-1)[..., None]
     is_top = np.arange(num_classes) == top
     z_top = np.take_along_axis(z, top, axis=-1)
+    # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does (argmax picks it)
+    z_top = np.where(z_top == np.inf, np.nan, z_top)
     # shift so that the largest logit is 0: exp cannot overflow (a row of -inf gives NaN)
     shifted = z - z_top
     others = np.where(is_top, -np.inf, shifted)
@@ -190,8 +192,9 @@ def _softmax_focal_terms(z, a, gamma):
         focal_weight = np.exp(gamma * log_not_p)
         phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
         v = a * focal_weight * (1.0 - gamma * phi)
-    # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf
-    loss = -np.sum(np.where(a == 0.0, 0.0, a * focal_weight * log_p), axis=-1)
+    # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf;
+    # 0 * log1p(s) is that 0, or NaN when a NaN or +inf logit made the row NaN (never hidden)
+    loss = -np.sum(np.where(a == 0.0, 0.0 * log1p_s, a * focal_weight * log_p), axis=-1)
     grad = p * _sum_except_self(v) - not_p * v
     return loss, grad
 
@@ -409,6 +412,8 @@ def _sigmoid_inputs(logits, targets, weight, pos_weight):
         targets.shape, np.issubdtype(targets.dtype, np.floating), targets.dtype, logits.shape
     )
     x = logits.astype(np.float64)
+    # NaN or +inf in the logits: NaN in that element (DESIGN 5), never a plausible inf or 0
+    x = np.where(x == np.inf, np.nan, x)
     t = targets.astype(np.float64)
     factors = []
     for name, factor in (("weight", weight), ("pos_weight", pos_weight)):
