@@ -1,0 +1,977 @@
+"""The PyTorch backend of dualloss: the losses of ``dualloss.spec``, autograd-ready, fast, NaN-safe.
+
+The math, the options and the full docstrings live in ``dualloss.spec``; this module follows it
+function by function with the same local names. What differs:
+
+* Layout: the class axis defaults to ``axis=1``, torch's ``(N, C, d1, ..., dk)``.
+* Dtypes: float64 and float32 are computed in their own precision; float16 and bfloat16 in float32,
+  the loss returned (and the gradient given back) in the input dtype. Weights, ``alpha`` and
+  ``pos_weight`` are moved to the logits' device and compute dtype.
+* Gradients: every loss is a ``torch.autograd.Function`` whose backward is the spec's closed-form
+  gradient (``setup_context`` style, ``generate_vmap_rule = True``: ``torch.func.grad``/``vmap``
+  work). The backward recomputes the probabilities from the saved inputs (the logits, the targets,
+  the user's ``where``/weights) plus nothing else, so the loss keeps no tensor alive beyond its
+  own inputs. The backward is written in differentiable torch ops (with the "double where" around
+  every branch), so ``create_graph=True`` gives second-order gradients.
+* Fast path: class-index targets without label smoothing never build an N x C target tensor;
+  only the target's column is gathered (``_softmax_focal_terms_sparse``, the spec's
+  ``_softmax_focal_terms`` with a one-hot ``a``).
+* ``log(1 - p_top)`` uses ``log s`` directly (s = sum_{j != top} exp(z_j - z_top)) instead of the
+  spec's runner-up rescaling; when s underflows, every term it enters is O(s^(1 + gamma)), below
+  the dtype's smallest normal number, so nothing representable changes.
+* Targets are constants: no gradient flows to probability targets, weights or ``alpha``.
+
+Finite math: values and gradients are finite wherever the exact result is representable in the
+compute dtype (float32 for half inputs). The gradient is always bounded by (1 + gamma) sum_c a_c,
+so it is finite for every finite input. The loss itself can genuinely overflow: with float32
+logits (3e38, -3e38) and the target on the second class, the exact loss 6e38 exceeds the float32
+range, and ``z - z_top`` rounds to -inf, so the loss is +inf (never NaN); with the target on the
+first class it is 0. Float16/bfloat16 inputs never reach this (their range is far inside float32's).
+
+Index validation: checking that class indices lie in [0, C) (and that a vector ``alpha`` lies in
+[0, 1]) reads tensor values, which forces a device synchronisation on GPUs. It is on by default
+(eager calls raise the same ``_checks`` message as the spec). Turn it off with the environment
+variable ``DUALLOSS_VALIDATE_INDICES=0``, globally with ``set_validate_indices(False)``, or for a
+block with ``with set_validate_indices(False): ...``. It is skipped under ``torch.func`` transforms
+when the targets are batched (their values are not concrete there). Unchecked out-of-range indices
+are undefined behaviour, as in ``torch.gather`` (an error on CPU, a device assert on CUDA).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import _checks
+
+__all__ = [
+    "softmax_cross_entropy",
+    "softmax_focal_loss",
+    "sigmoid_cross_entropy",
+    "sigmoid_focal_loss",
+    "cross_entropy",
+    "binary_cross_entropy_with_logits",
+    "CrossEntropyLoss",
+    "BCEWithLogitsLoss",
+    "FocalLoss",
+    "SigmoidFocalLoss",
+    "set_validate_indices",
+]
+
+ArrayLike = Any
+
+_VALIDATE_INDICES = os.environ.get("DUALLOSS_VALIDATE_INDICES", "1") != "0"
+
+
+class set_validate_indices:
+    """Turns the index-range (and vector `alpha`) value checks on or off; returns to the previous
+    setting when used as a context manager, like ``torch.set_grad_enabled``.
+
+    >>> set_validate_indices(False)      # from now on  # doctest: +SKIP
+    >>> with set_validate_indices(False):  # for a block  # doctest: +SKIP
+    ...     loss = softmax_cross_entropy(logits, targets)
+    """
+
+    def __init__(self, enabled: bool) -> None:
+        global _VALIDATE_INDICES
+        self.previous = _VALIDATE_INDICES
+        _VALIDATE_INDICES = bool(enabled)
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        global _VALIDATE_INDICES
+        _VALIDATE_INDICES = self.previous
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs
+# ----------------------------------------------------------------------------------------------
+
+
+def _as_array(x: ArrayLike, device: torch.device | None = None) -> Tensor:
+    """Tensor view of `x` (tensor, NumPy array, Python scalar or sequence), on `device` if given."""
+    return torch.as_tensor(x, device=device)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """'float32' for torch.float32: the spelling NumPy uses, so `_checks` messages match."""
+    return str(dtype).replace("torch.", "")
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float16 and bfloat16 are computed in float32; float32 and float64 in themselves."""
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def _is_index(targets: Tensor) -> bool:
+    return not (targets.is_floating_point() or targets.is_complex() or targets.dtype == torch.bool)
+
+
+def _values_are_concrete(x: Tensor) -> bool:
+    """False under torch.func transforms that batch `x` (its values cannot be read there)."""
+    is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    return is_wrapped is None or not is_wrapped(x)
+
+
+def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where):
+    """Validates the softmax arguments (the checking half of ``spec._softmax_inputs``).
+
+    Returns (logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index):
+    tensors on the logits' device, `class_weight` the per-class vector (`weight` or `alpha`) in the
+    compute dtype, or None for ones. The float conversion happens in ``_softmax_targets``, inside
+    the autograd Function, so that nothing but the inputs is kept for backward.
+    """
+    logits = _as_array(logits)
+    targets = _as_array(targets, logits.device)
+    _checks.float_logits("logits", logits.is_floating_point(), _dtype_name(logits.dtype))
+    axis = _checks.class_axis(axis, logits.ndim)
+    num_classes = logits.shape[axis]
+    if _is_index(targets):
+        kind = "index"
+    elif targets.is_floating_point():
+        kind = "prob"
+    else:
+        kind = "other"
+    _checks.softmax_targets(kind, targets.shape, _dtype_name(targets.dtype), logits.shape, axis)
+    ignore_index = _checks.ignore_index(ignore_index)
+    label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
+    if kind == "index" and _VALIDATE_INDICES and _values_are_concrete(targets):
+        # one device synchronisation; see the module docstring to skip it
+        bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
+        if bool(bad.any()):
+            _checks.class_indices(targets.cpu().numpy(), num_classes, ignore_index)
+    if weight is not None:
+        weight = _as_array(weight, logits.device)
+        _checks.class_vector("weight", weight.shape, num_classes)
+    if alpha is not None:
+        if not isinstance(alpha, numbers.Real):
+            alpha = _as_array(alpha, logits.device)
+        _checks.focal_alpha(alpha, num_classes)
+        if isinstance(alpha, numbers.Real):
+            _checks.unit_interval_values("alpha", np.atleast_1d(alpha))
+        elif _VALIDATE_INDICES and _values_are_concrete(alpha):
+            _checks.unit_interval_values("alpha", alpha.detach().double().cpu().numpy().ravel())
+    if where is not None:
+        where = _as_array(where, logits.device)
+        _checks.class_mask(
+            where.shape, where.dtype == torch.bool, _dtype_name(where.dtype), logits.shape
+        )
+
+    vector = weight if weight is not None else alpha
+    dtype = _compute_dtype(logits.dtype)
+    if vector is None:
+        class_weight = None
+    else:
+        vector = _as_array(vector, logits.device).to(dtype)
+        class_weight = vector.expand(num_classes).detach()
+    return (
+        logits,
+        targets,
+        where,
+        class_weight,
+        axis,
+        ignore_index,
+        label_smoothing,
+        kind == "index",
+    )
+
+
+def _softmax_targets(logits, targets, where, class_weight, axis, ignore_index, label_smoothing):
+    """The converting half of ``spec._softmax_inputs``, in the compute dtype, class axis last.
+
+    Returns (z, a, y, a_y, keep, valid): `z` the logits with masked classes at -inf, `keep` the
+    non-ignored elements, `valid` the classes inside `where` (None: all). Either `a` is the dense
+    target mass class_weight * t~ (probability targets, or label smoothing), or (fast path, class
+    indices without smoothing) `a` is None and the one-hot mass is `a_y` at class `y` ([..., 1]).
+    """
+    z = logits.movedim(axis, -1).to(_compute_dtype(logits.dtype))
+    num_classes = z.shape[-1]
+    # classes outside `where` leave the softmax: exactly a logit of -inf
+    if where is None:
+        valid = None
+    else:
+        valid = where.expand(logits.shape).movedim(axis, -1)
+        z = z.masked_fill(~valid, -math.inf)
+    if _is_index(targets):
+        keep = targets != ignore_index
+        y = torch.where(keep, targets, 0).unsqueeze(-1)
+        if label_smoothing == 0.0:
+            # fast path: a = class_weight * onehot(y) is nonzero only at y
+            if class_weight is None:
+                a_y = keep.to(z.dtype).unsqueeze(-1)
+            else:
+                a_y = torch.where(keep.unsqueeze(-1), class_weight[y], 0.0)
+            return z, None, y, a_y, keep, valid
+        classes = torch.arange(num_classes, device=z.device)
+        one_hot = (classes == y) & keep.unsqueeze(-1)
+        t = one_hot.to(z.dtype)
+    else:
+        keep = None
+        t = targets.movedim(axis, -1).to(z.dtype)
+    if label_smoothing != 0.0:
+        # t~ = (1 - eps) t + eps / C, the eps mass spread over the classes inside `where` only
+        if valid is None:
+            uniform = 1.0 / num_classes
+        else:
+            num_valid = valid.sum(dim=-1, keepdim=True)
+            uniform = torch.where(valid, 1.0 / num_valid.clamp_min(1).to(z.dtype), 0.0)
+        if keep is not None:
+            uniform = uniform * keep.unsqueeze(-1).to(z.dtype)
+        t = (1.0 - label_smoothing) * t + label_smoothing * uniform
+    a = t if class_weight is None else class_weight * t
+    return z, a, None, None, keep, valid
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax core
+# ----------------------------------------------------------------------------------------------
+
+
+def _row_stats(z):
+    """Per-row z_top (largest logit), top (its index), s, log1p(s) and log(s), shapes [..., 1].
+
+    s = sum_{j != top} exp(z_j - z_top), formed without the top's 1, so log1p(s) keeps full
+    relative accuracy when s is tiny (where logsumexp - z_top would round to 0).
+    """
+    z_top, top = torch.max(z, dim=-1, keepdim=True)
+    # shift so that the largest logit is 0: exp cannot overflow (a row of -inf gives NaN)
+    shifted = z - z_top
+    others = shifted.scatter(-1, top, -math.inf)
+    s = torch.exp(others).sum(dim=-1, keepdim=True)
+    # + 0 * z_top: a row with a NaN or +inf logit (or only -inf ones) gives NaN, never a number
+    log1p_s = torch.log1p(s) + 0.0 * z_top
+    # log s where s is a normal number; below that every term using it is O(s^(1+gamma)) ~ 0,
+    # and the double where keeps d(log s)/ds = 1/s out of second-order gradients
+    tiny = torch.finfo(z.dtype).tiny
+    is_normal = s >= tiny
+    log_s = torch.where(is_normal, torch.log(torch.where(is_normal, s, 1.0)), -math.inf)
+    return z_top, top, shifted, s, log1p_s, log_s
+
+
+def _log_softmax(z):
+    """log p, log(1 - p), p and 1 - p along the last axis (``spec._log_softmax``).
+
+    Only the largest logit (the "top" class, first one on ties) can have p > 1/2. With
+    s = sum_{j != top} exp(z_j - z_top), the normaliser is 1 + s exactly, so
+      log p_c       = (z_c - z_top) - log1p(s)
+      log(1 - p_top) = log(s) - log1p(s)
+      log(1 - p_c)  = log1p(-p_c) for every other class (p_c <= 1/2, no cancellation).
+    """
+    num_classes = z.shape[-1]
+    z_top, top, shifted, s, log1p_s, log_s = _row_stats(z)
+    is_top = torch.arange(num_classes, device=z.device) == top
+    log_p = shifted - log1p_s
+    p = torch.exp(log_p)
+    # 1 - p_top = s / (1 + s), never formed as 1 - p
+    not_p = torch.where(is_top, s / (1.0 + s), 1.0 - p)
+    # double where: log1p(-p) is -inf at the top when p rounds to 1
+    log_not_p = torch.where(is_top, log_s - log1p_s, torch.log1p(-torch.where(is_top, 0.0, p)))
+    return log_p, log_not_p, p, not_p, is_top, s, log1p_s
+
+
+def _focal_phi(log_p, p, not_p, is_top, s, log1p_s):
+    """phi(p) = p log p / (1 - p), in [-1, 0]: phi(0) = 0, phi -> -1 as p -> 1.
+
+    For the top class p = 1 / (1 + s) and 1 - p = s / (1 + s), so phi = -log1p(s) / s.
+    Below s = eps the series -1 + s/2 is exact to rounding (and its derivative stays finite where
+    the second-order gradient of log1p(s) / s would divide by s^2).
+    """
+    eps = torch.finfo(s.dtype).eps
+    is_big = s > eps
+    phi_top = torch.where(is_big, -log1p_s / torch.where(is_big, s, 1.0), s / 2.0 - 1.0)
+    # double where: p log p is 0 * (-inf) for a class at -inf, and 1 - p may be 0 at the top
+    has_p = (p > 0.0) & ~is_top
+    safe_log_p = torch.where(has_p, log_p, 0.0)
+    phi_rest = torch.where(has_p, p * safe_log_p / torch.where(has_p, not_p, 1.0), 0.0)
+    return torch.where(is_top, phi_top, phi_rest)
+
+
+def _sum_except_self(v):
+    """sum_{c != j} v_c for each j, for v >= 0, without cancellation.
+
+    S - v_j is accurate when v_j <= S / 2, which holds for all but at most one class per row (the
+    largest); for that one the sum of the others is formed directly.
+    """
+    total = v.sum(dim=-1, keepdim=True)
+    big = torch.argmax(v, dim=-1, keepdim=True)
+    rest_of_big = v.scatter(-1, big, 0.0).sum(dim=-1, keepdim=True)
+    return (total - v).scatter(-1, big, rest_of_big)
+
+
+def _softmax_focal_terms(z, a, gamma, need_grad):
+    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c and its gradient (class axis last).
+
+    With gamma = 0 this is the (weighted) softmax cross entropy -sum_c a_c log p_c.
+    The gradient is p_j sum_{c != j} v_c - (1 - p_j) v_j, the same as p * sum(v) - v but free of
+    the cancellation p_j - 1 when p_j is close to 1. (`need_grad`: grad, else loss, is computed.)
+    """
+    log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
+    if gamma == 0.0:
+        # (1 - p)^0 = 1, also at p = 1
+        focal_weight = None
+        v = a
+    else:
+        # (1 - p)^gamma = exp(gamma log(1 - p))
+        focal_weight = torch.exp(gamma * log_not_p)
+        phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
+        v = a * focal_weight * (1.0 - gamma * phi)
+    if not need_grad:
+        # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf
+        weighted = a if focal_weight is None else a * focal_weight
+        loss = -torch.where(a == 0.0, 0.0, weighted * log_p).sum(dim=-1)
+        return loss, None
+    grad = p * _sum_except_self(v) - not_p * v
+    return None, grad
+
+
+def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss):
+    """``_softmax_focal_terms`` for a = a_y * onehot(y): only column y of the N x C work is done.
+
+    The loss is -a_y (1 - p_y)^gamma log p_y; with v nonzero only at y, sum_{c != j} v_c is v_y for
+    j != y and 0 for j = y, so the gradient is p_j v_y off y and -(1 - p_y) v_y at y. Returns the
+    loss (`grad_loss` None) or the gradient times `grad_loss` (shape [...]).
+    """
+    inplace = _inplace(z, y, a_y, grad_loss)
+    if inplace:
+        # fast path of _row_stats on one temporary: exp(z - z_top) with the top's 1 left out
+        z_top, top = torch.max(z, dim=-1, keepdim=True)
+        shifted = z - z_top
+        shifted_y = shifted.gather(-1, y)
+        others = shifted.scatter_(-1, top, -math.inf).exp_()
+        s = others.sum(dim=-1, keepdim=True)
+        log1p_s = torch.log1p(s) + 0.0 * z_top
+        tiny = torch.finfo(z.dtype).tiny
+        log_s = torch.where(s >= tiny, torch.log(s.clamp_min(tiny)), -math.inf)
+    else:
+        z_top, top, shifted, s, log1p_s, log_s = _row_stats(z)
+        shifted_y = shifted.gather(-1, y)
+    is_top = y == top
+    log_p = shifted_y - log1p_s
+    p = torch.exp(log_p)
+    # 1 - p_top = s / (1 + s), never formed as 1 - p (exp(-log1p_s) carries a NaN row along)
+    not_p = torch.where(is_top, s * torch.exp(-log1p_s), 1.0 - p)
+    # double where: log1p(-p) is -inf at the top when p rounds to 1
+    log_not_p = torch.where(is_top, log_s - log1p_s, torch.log1p(-torch.where(is_top, 0.0, p)))
+    if gamma == 0.0:
+        # (1 - p)^0 = 1, also at p = 1
+        focal_weight = None
+        v = a_y
+    else:
+        # (1 - p)^gamma = exp(gamma log(1 - p))
+        focal_weight = torch.exp(gamma * log_not_p)
+        phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
+        v = a_y * focal_weight * (1.0 - gamma * phi)
+    if grad_loss is None:
+        # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
+        weighted = a_y if focal_weight is None else a_y * focal_weight
+        loss = -torch.where(a_y == 0.0, 0.0, weighted * log_p)
+        return loss.squeeze(-1)
+    coefficient = grad_loss.unsqueeze(-1) * v
+    if inplace:
+        # p_j = exp(z_j - z_top) / (1 + s) off the top, 1 / (1 + s) at it: the temporary reused
+        p_top = torch.exp(-log1p_s)
+        grad = others.mul_(coefficient * p_top)
+        grad = grad.scatter_(-1, top, coefficient * p_top)
+        return grad.scatter_(-1, y, -not_p * coefficient)
+    # p_j = exp(z_j - z_top - log1p(s)): one pass over the logits, then column y
+    grad = torch.exp(shifted - log1p_s) * coefficient
+    return grad.scatter(-1, y, -not_p * coefficient)
+
+
+def _softmax_loss_or_grad(
+    logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, grad_loss
+):
+    """The per-element loss (`grad_loss` None) or the logits' gradient (times `grad_loss`)."""
+    z, a, y, a_y, keep, valid = _softmax_targets(
+        logits, targets, where, class_weight, axis, ignore_index, label_smoothing
+    )
+    if a is None:
+        result = _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss)
+    elif grad_loss is None:
+        result, _ = _softmax_focal_terms(z, a, gamma, need_grad=False)
+    else:
+        _, grad = _softmax_focal_terms(z, a, gamma, need_grad=True)
+        result = grad * grad_loss.unsqueeze(-1)
+    if grad_loss is None:
+        # ignored elements give 0, whatever their logits
+        return result if keep is None else torch.where(keep, result, 0.0)
+    # ignored elements and masked classes get no gradient
+    mask = None if keep is None else keep.unsqueeze(-1)
+    if valid is not None:
+        mask = valid if mask is None else mask & valid
+    if mask is None:
+        grad = result
+    elif _inplace(result, mask):
+        grad = result.masked_fill_(~mask, 0.0)
+    else:
+        grad = torch.where(mask, result, 0.0)
+    return grad.movedim(-1, axis).to(logits.dtype)
+
+
+class _SoftmaxFocal(torch.autograd.Function):
+    """Per-element softmax focal loss (gamma = 0: cross entropy) with the spec's gradient.
+
+    Saves the inputs only (logits, targets, where, class_weight); backward recomputes p.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing):
+        return _softmax_loss_or_grad(
+            logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, None
+        )
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        logits, targets, where, class_weight, *options = inputs
+        ctx.save_for_backward(logits, targets, where, class_weight)
+        ctx.options = options
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        logits, targets, where, class_weight = ctx.saved_tensors
+        grad = _softmax_loss_or_grad(logits, targets, where, class_weight, *ctx.options, grad_loss)
+        return grad, None, None, None, None, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# Reductions
+# ----------------------------------------------------------------------------------------------
+
+
+def _reduce(loss, reduction, denominator):
+    """Applies `reduction` to per-element losses (autograd carries the gradients).
+
+    A mean over a zero denominator (every target ignored, or no elements) is 0 with zero gradient.
+    `denominator` is a number, or a tensor (summed class weights) that is never read on the host.
+    """
+    if reduction == "none":
+        return loss
+    total = loss.sum()
+    if reduction == "sum":
+        return total
+    if not isinstance(denominator, Tensor):
+        if denominator == 0:
+            return total * 0.0
+        return total / denominator
+    is_zero = denominator == 0.0
+    return torch.where(is_zero, total * 0.0, total / torch.where(is_zero, 1.0, denominator))
+
+
+def _softmax(
+    logits,
+    targets,
+    axis,
+    class_weight_arg,
+    gamma,
+    is_focal,
+    ignore_index,
+    label_smoothing,
+    where,
+    reduction,
+):
+    reduction = _checks.reduction(reduction)
+    if is_focal:
+        gamma = _checks.gamma(gamma)
+        weight, alpha = None, class_weight_arg
+    else:
+        weight, alpha = class_weight_arg, None
+    logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index = (
+        _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where)
+    )
+    loss = _SoftmaxFocal.apply(
+        logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing
+    )
+    keep = targets != ignore_index if is_index else None
+    if reduction != "mean":
+        denominator = None
+    elif is_index and not is_focal and class_weight is not None:
+        # torch: the weighted mean divides by the weights of the kept targets
+        targets = torch.where(keep, targets, 0)
+        denominator = torch.where(keep, class_weight[targets], 0.0).sum()
+    elif is_index:
+        denominator = keep.sum()
+    else:
+        denominator = loss.numel()
+    loss = _reduce(loss, reduction, denominator)
+    return loss.to(logits.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API: softmax losses
+# ----------------------------------------------------------------------------------------------
+
+
+def softmax_cross_entropy(
+    logits: Tensor,
+    targets: Tensor,
+    *,
+    axis: int = 1,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    where: Tensor | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Softmax cross entropy, torch ``F.cross_entropy`` semantics (``spec.softmax_cross_entropy``).
+
+    Differs from the spec: class axis default 1 (torch layout); the result is a tensor in the
+    logits' dtype (half precision computed in float32); the gradient is the spec's closed form.
+    A mean over no kept element is 0 (torch: NaN).
+    """
+    return _softmax(
+        logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
+    )
+
+
+def softmax_focal_loss(
+    logits: Tensor,
+    targets: Tensor,
+    *,
+    axis: int = 1,
+    gamma: float = 2.0,
+    alpha: Tensor | float | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    where: Tensor | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Softmax focal loss (see ``spec.softmax_focal_loss``), class axis default 1.
+
+    Result in the logits' dtype (half precision computed in float32), closed-form gradient,
+    bounded for every gamma >= 0.
+    """
+    return _softmax(
+        logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Sigmoid core
+# ----------------------------------------------------------------------------------------------
+
+
+def _sigmoid_inputs(logits, targets, weight, pos_weight):
+    """Validates the sigmoid arguments; returns logits, targets, weight, pos_weight as tensors
+    (the factors None when not given: ones are never materialised)."""
+    logits = _as_array(logits)
+    targets = _as_array(targets, logits.device)
+    _checks.float_logits("logits", logits.is_floating_point(), _dtype_name(logits.dtype))
+    _checks.sigmoid_targets(
+        targets.shape, targets.is_floating_point(), _dtype_name(targets.dtype), logits.shape
+    )
+    factors = []
+    for name, factor in (("weight", weight), ("pos_weight", pos_weight)):
+        if factor is None:
+            factors.append(None)
+            continue
+        factor = _as_array(factor, logits.device)
+        _checks.broadcastable(name, factor.shape, logits.shape)
+        factors.append(factor.detach())
+    return logits, targets, factors[0], factors[1]
+
+
+def _softplus(x):
+    """softplus(x) = log(1 + exp(x)) = -log_sigmoid(-x), accurate for every x.
+
+    torch's kernel returns x above the threshold: exp(-threshold) must be below half an ULP of it.
+    """
+    threshold = 37.0 if x.dtype == torch.float64 else 20.0
+    return torch.nn.functional.softplus(x, beta=1.0, threshold=threshold)
+
+
+def _sigmoid(x):
+    """sigmoid(x), to a few ULPs relative for every x (torch's kernel is 1 / (1 + exp(-x)))."""
+    return torch.sigmoid(x)
+
+
+def _sigmoid_terms(x, t, q, need_grad, inplace):
+    """Per-element sigmoid cross entropy (w = 1), or (`need_grad`) its gradient.
+
+    l = (1 - t) softplus(x) + q t softplus(-x), the same as torch's
+    (1 - t) x + (1 + (q - 1) t) softplus(-x).
+    dl/dx = (1 - t) sigma(x) - q t sigma(-x), the same as (q t + 1 - t) sigma(x) - q t.
+    Fast path (q = 1): l = softplus(x) - t x and dl/dx = sigma(x) - t, one fused pass each
+    after softplus/sigmoid; their rounding error is u |x| and u absolute, the size of the error
+    softplus and sigma already carry (``parity.tolerance``: scale (1 + |x|)).
+    """
+    if not need_grad:
+        # -log(1 - sigma(x)) = softplus(x), -log(sigma(x)) = softplus(-x) = softplus(x) - x
+        not_log_not_p = _softplus(x)
+        if q is None:
+            return _addcmul(not_log_not_p, t, x, -1.0, inplace)
+        not_log_p = _softplus(-x)
+        loss = _addcmul(not_log_not_p, t, not_log_not_p, -1.0, inplace)
+        return _addcmul(loss, q * t, not_log_p, 1.0, inplace)
+    p = _sigmoid(x)
+    if q is None:
+        return p.sub_(t) if inplace else p - t
+    not_p = _sigmoid(-x)
+    grad = _addcmul(p, t, p, -1.0, inplace)
+    return _addcmul(grad, q * t, not_p, -1.0, inplace)
+
+
+def _addcmul(a, b, c, value, inplace):
+    """a + value * b * c in one pass; in place on `a` (a fresh temporary) when `inplace`."""
+    return a.addcmul_(b, c, value=value) if inplace else torch.addcmul(a, b, c, value=value)
+
+
+def _inplace(*tensors):
+    """In-place updates of fresh temporaries are safe: not when autograd records the backward
+    (create_graph=True) or when torch.func may batch one operand and not the other."""
+    if torch.is_grad_enabled():
+        return False
+    return all(x is None or _values_are_concrete(x) for x in tensors)
+
+
+def _sigmoid_reduce(loss, reduction):
+    return _reduce(loss, reduction, loss.numel())
+
+
+def _sigmoid_cross_entropy_or_grad(logits, targets, weight, pos_weight, grad_loss):
+    x = logits.to(_compute_dtype(logits.dtype))
+    # NaN or +inf in the logits: NaN in that element (DESIGN 5), never a plausible inf or 0
+    x = torch.nan_to_num(x, nan=math.nan, posinf=math.nan, neginf=-math.inf)
+    t = targets.to(x.dtype)
+    w = None if weight is None else weight.to(x.dtype)
+    q = None if pos_weight is None else pos_weight.to(x.dtype)
+    inplace = _inplace(x, t, w, q, grad_loss)
+    result = _sigmoid_terms(x, t, q, grad_loss is not None, inplace)
+    if w is not None:
+        result = result.mul_(w) if inplace else result * w
+    if grad_loss is None:
+        return result
+    grad = result.mul_(grad_loss) if inplace else result * grad_loss
+    return grad.to(logits.dtype)
+
+
+class _SigmoidCrossEntropy(torch.autograd.Function):
+    """Per-element sigmoid cross entropy with the spec's gradient; saves the inputs only."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(logits, targets, weight, pos_weight):
+        return _sigmoid_cross_entropy_or_grad(logits, targets, weight, pos_weight, None)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        logits, targets, weight, pos_weight = ctx.saved_tensors
+        grad = _sigmoid_cross_entropy_or_grad(logits, targets, weight, pos_weight, grad_loss)
+        return grad, None, None, None
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API: sigmoid losses
+# ----------------------------------------------------------------------------------------------
+
+
+def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
+    reduction = _checks.reduction(reduction)
+    logits, targets, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
+    loss = _SigmoidCrossEntropy.apply(logits, targets, w, q)
+    if loss.shape != logits.shape:
+        # a weight broadcast over more than the logits' elements cannot occur (checked above)
+        loss = loss.expand(logits.shape)
+    return _sigmoid_reduce(loss, reduction).to(logits.dtype)
+
+
+def sigmoid_cross_entropy(
+    logits: Tensor,
+    targets: Tensor,
+    *,
+    weight: Tensor | None = None,
+    pos_weight: Tensor | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Sigmoid cross entropy with logits, torch semantics (see ``spec.sigmoid_cross_entropy``).
+
+    Result in the logits' dtype (half precision computed in float32), closed-form gradient.
+    """
+    return _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
+
+
+def _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss, inplace):
+    """Per-element sigmoid focal loss, or its gradient times `grad_loss` (torchvision semantics).
+
+    p_t = p t + (1 - p)(1 - t), so 1 - p_t = p (1 - t) + (1 - p) t;
+    l = alpha_t (1 - p_t)^gamma ce,
+    dl/dx = alpha_t (1 - p_t)^gamma [(p - t) + gamma ce (1 - 2t) r],  r = p (1 - p) / (1 - p_t).
+
+    Fast form of the spec's log-space one, one fused kernel per line: 1 - p_t is
+    lerp(p, 1 - p, t), a sum of two terms >= 0 with p and 1 - p = sigma(-x) each accurate (lerp
+    switches to end - (end - start)(1 - t) for t >= 1/2, so no cancellation either way); the
+    power is pow(1 - p_t, gamma), 0 where 1 - p_t underflows (there ce <= c (1 - p_t)(1 + |x|),
+    so the dropped term is below the dtype's roundoff of the loss); r uses 1 - p_t clamped at the
+    smallest normal, 0 where p (1 - p) underflows with it.
+    """
+    if grad_loss is None or gamma != 0.0:
+        ce = _sigmoid_terms(x, t, None, False, inplace)
+    if gamma != 0.0:
+        p = _sigmoid(x)
+        not_p = _sigmoid(-x)
+        # 1 - p_t = p (1 - t) + (1 - p) t
+        not_pt = torch.lerp(p, not_p, t).clamp_min_(torch.finfo(x.dtype).tiny)
+    if alpha is None:
+        alpha_t = None
+    else:
+        # alpha_t = alpha t + (1 - alpha)(1 - t)
+        alpha_t = torch.mul(t, 2.0 * alpha - 1.0).add_(1.0 - alpha)
+    if grad_loss is None:
+        loss = ce
+        if gamma != 0.0:
+            # (1 - p_t)^gamma
+            focal_weight = not_pt.pow_(gamma) if inplace else not_pt.pow(gamma)
+            loss = loss.mul_(focal_weight) if inplace else loss * focal_weight
+        if alpha_t is not None:
+            loss = loss.mul_(alpha_t) if inplace else loss * alpha_t
+        return loss
+    if gamma == 0.0:
+        grad = _sigmoid_terms(x, t, None, True, inplace)
+    else:
+        # r = p (1 - p) / (1 - p_t) <= 1
+        r = not_p.mul_(p).div_(not_pt) if inplace else not_p * p / not_pt
+        focal_weight = not_pt.pow_(gamma) if inplace else not_pt.pow(gamma)
+        # (p - t) + gamma ce (1 - 2t) r
+        term = r.mul_(ce).mul_(torch.rsub(t, 1.0, alpha=2.0)) if inplace else r * ce * (1 - 2 * t)
+        grad = p.sub_(t).add_(term, alpha=gamma) if inplace else p - t + gamma * term
+        grad = grad.mul_(focal_weight) if inplace else grad * focal_weight
+    coefficient = grad_loss if alpha_t is None else alpha_t * grad_loss
+    return grad.mul_(coefficient) if inplace else grad * coefficient
+
+
+def _sigmoid_focal_loss_or_grad(logits, targets, gamma, alpha, grad_loss):
+    x = logits.to(_compute_dtype(logits.dtype))
+    # NaN or +inf in the logits: NaN in that element (DESIGN 5), never a plausible inf or 0
+    x = torch.nan_to_num(x, nan=math.nan, posinf=math.nan, neginf=-math.inf)
+    t = targets.to(x.dtype)
+    inplace = _inplace(x, t, grad_loss)
+    result = _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss, inplace)
+    return result if grad_loss is None else result.to(logits.dtype)
+
+
+class _SigmoidFocal(torch.autograd.Function):
+    """Per-element sigmoid focal loss with the spec's gradient; saves the inputs only."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(logits, targets, gamma, alpha):
+        return _sigmoid_focal_loss_or_grad(logits, targets, gamma, alpha, None)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        logits, targets, gamma, alpha = inputs
+        ctx.save_for_backward(logits, targets)
+        ctx.options = (gamma, alpha)
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        logits, targets = ctx.saved_tensors
+        grad = _sigmoid_focal_loss_or_grad(logits, targets, *ctx.options, grad_loss)
+        return grad, None, None, None
+
+
+def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
+    reduction = _checks.reduction(reduction)
+    gamma = _checks.gamma(gamma)
+    _checks.focal_alpha(alpha, None)
+    alpha = None if alpha is None else float(alpha)
+    logits, targets, _, _ = _sigmoid_inputs(logits, targets, None, None)
+    loss = _SigmoidFocal.apply(logits, targets, gamma, alpha)
+    return _sigmoid_reduce(loss, reduction).to(logits.dtype)
+
+
+def sigmoid_focal_loss(
+    logits: Tensor,
+    targets: Tensor,
+    *,
+    gamma: float = 2.0,
+    alpha: float | None = None,
+    reduction: str = "mean",
+) -> Tensor:
+    """Sigmoid focal loss, torchvision semantics (see ``spec.sigmoid_focal_loss``).
+
+    Note torchvision's default alpha is 0.25; here (as in the spec) it is None. Result in the
+    logits' dtype (half precision computed in float32), closed-form gradient.
+    """
+    return _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
+
+
+# ----------------------------------------------------------------------------------------------
+# Drop-ins: torch.nn.functional signatures and nn.Module config holders
+# ----------------------------------------------------------------------------------------------
+
+
+def _legacy_reduction(size_average: bool | None, reduce: bool | None, reduction: str) -> str:
+    """torch's handling of the deprecated `size_average`/`reduce` (with its warning)."""
+    if size_average is not None or reduce is not None:
+        return torch.nn._reduction.legacy_get_string(size_average, reduce)
+    return reduction
+
+
+def cross_entropy(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    ignore_index: int = -100,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Drop-in for ``torch.nn.functional.cross_entropy`` (same signature and defaults).
+
+    Input (C,) or (N, C, d1, ...). Differences: a mean over no kept target is 0, not NaN; NaN-safe
+    closed-form gradient; no gradient flows to probability targets.
+    """
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    axis = 1 if input.dim() >= 2 else 0
+    return softmax_cross_entropy(
+        input,
+        target,
+        axis=axis,
+        weight=weight,
+        ignore_index=ignore_index,
+        label_smoothing=label_smoothing,
+        reduction=reduction,
+    )
+
+
+def binary_cross_entropy_with_logits(
+    input: Tensor,
+    target: Tensor,
+    weight: Tensor | None = None,
+    size_average: bool | None = None,
+    reduce: bool | None = None,
+    reduction: str = "mean",
+    pos_weight: Tensor | None = None,
+) -> Tensor:
+    """Drop-in for ``torch.nn.functional.binary_cross_entropy_with_logits`` (same signature)."""
+    reduction = _legacy_reduction(size_average, reduce, reduction)
+    return sigmoid_cross_entropy(
+        input, target, weight=weight, pos_weight=pos_weight, reduction=reduction
+    )
+
+
+class CrossEntropyLoss(torch.nn.Module):
+    """Drop-in for ``torch.nn.CrossEntropyLoss``; `weight` is a buffer."""
+
+    def __init__(
+        self,
+        weight: Tensor | None = None,
+        size_average: bool | None = None,
+        ignore_index: int = -100,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
+        self.ignore_index = ignore_index
+        self.reduction = _checks.reduction(_legacy_reduction(size_average, reduce, reduction))
+        self.label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return cross_entropy(
+            input,
+            target,
+            weight=self.weight,
+            ignore_index=self.ignore_index,
+            reduction=self.reduction,
+            label_smoothing=self.label_smoothing,
+        )
+
+
+class BCEWithLogitsLoss(torch.nn.Module):
+    """Drop-in for ``torch.nn.BCEWithLogitsLoss``; `weight` and `pos_weight` are buffers."""
+
+    def __init__(
+        self,
+        weight: Tensor | None = None,
+        size_average: bool | None = None,
+        reduce: bool | None = None,
+        reduction: str = "mean",
+        pos_weight: Tensor | None = None,
+    ) -> None:
+        super().__init__()
+        self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
+        self.register_buffer(
+            "pos_weight", None if pos_weight is None else torch.as_tensor(pos_weight)
+        )
+        self.reduction = _checks.reduction(_legacy_reduction(size_average, reduce, reduction))
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return binary_cross_entropy_with_logits(
+            input, target, self.weight, reduction=self.reduction, pos_weight=self.pos_weight
+        )
+
+
+class FocalLoss(torch.nn.Module):
+    """Softmax focal loss as a module (``softmax_focal_loss``); a vector `alpha` is a buffer."""
+
+    def __init__(
+        self,
+        gamma: float = 2.0,
+        alpha: Tensor | float | None = None,
+        ignore_index: int = -100,
+        label_smoothing: float = 0.0,
+        reduction: str = "mean",
+        axis: int = 1,
+    ) -> None:
+        super().__init__()
+        self.gamma = _checks.gamma(gamma)
+        if alpha is None or isinstance(alpha, numbers.Real):
+            self.alpha_scalar = alpha
+            self.register_buffer("alpha", None)
+        else:
+            self.alpha_scalar = None
+            self.register_buffer("alpha", torch.as_tensor(alpha))
+        self.ignore_index = _checks.ignore_index(ignore_index)
+        self.label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
+        self.reduction = _checks.reduction(reduction)
+        self.axis = axis
+
+    def forward(self, input: Tensor, target: Tensor, where: Tensor | None = None) -> Tensor:
+        return softmax_focal_loss(
+            input,
+            target,
+            axis=self.axis,
+            gamma=self.gamma,
+            alpha=self.alpha if self.alpha is not None else self.alpha_scalar,
+            ignore_index=self.ignore_index,
+            label_smoothing=self.label_smoothing,
+            where=where,
+            reduction=self.reduction,
+        )
+
+
+class SigmoidFocalLoss(torch.nn.Module):
+    """Sigmoid focal loss as a module (``sigmoid_focal_loss``, torchvision semantics)."""
+
+    def __init__(
+        self, gamma: float = 2.0, alpha: float | None = None, reduction: str = "mean"
+    ) -> None:
+        super().__init__()
+        self.gamma = _checks.gamma(gamma)
+        _checks.focal_alpha(alpha, None)
+        self.alpha = alpha
+        self.reduction = _checks.reduction(reduction)
+
+    def forward(self, input: Tensor, target: Tensor) -> Tensor:
+        return sigmoid_focal_loss(
+            input, target, gamma=self.gamma, alpha=self.alpha, reduction=self.reduction
+        )
