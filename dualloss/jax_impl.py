@@ -1,0 +1,711 @@
+"""The JAX backend of dualloss: the losses of ``dualloss.spec``, ``jit``/``vmap``/``grad``-ready.
+
+The math, the arguments and the docstrings with formulas live in ``spec.py``; this module follows
+it function by function with the same local names, so that ``diff spec.py jax_impl.py`` shows
+mostly ``np.`` against ``jnp.``. What differs:
+
+* Class axis: ``-1`` by default, as in spec (JAX layout ``(..., C)``).
+* dtypes: float32 and float64 (with ``jax_enable_x64``) are computed in themselves; float16 and
+  bfloat16 are computed in float32 and the result is returned in the input dtype.
+* Gradients: the closed-form gradients of the spec, attached with ``jax.custom_jvp`` (not
+  ``jax.custom_vjp``). A ``custom_vjp`` function cannot be forward-differentiated
+  (``jax.hessian`` = ``jacfwd(jacrev(f))`` raises "can't apply forward-mode autodiff (jvp) to a
+  custom_vjp function"), while a ``custom_jvp`` rule whose tangent is linear in the input tangents,
+  ``tangent_out = sum(grad * tangent_in)``, serves both modes: reverse mode transposes it, and
+  forward mode over it differentiates the gradient code, which is written to be differentiable
+  itself (every ``where`` double-guarded), so Hessians are finite too. The gradient w.r.t. the
+  logits never goes through autodiff of the forward formula (whose intermediates are non-finite
+  at large margins, e.g. ``0 * log 0``). Tangents of the other array arguments (probability
+  targets, ``weight``, ``alpha``, ``pos_weight``) are exact closed forms or autodiff of the
+  forward formula where that is finite; for the softmax losses a zero target entry has a zero
+  derivative (the ``0 log 0 = 0`` convention extended, so masked classes never give inf).
+* Index targets without label smoothing take a gather path: the class sums of the spec collapse
+  to the target class, so no N x C one-hot is formed (same formulas, same accuracy).
+* Bad input: eager calls raise the ``_checks`` errors of the spec. Inside ``jit`` the class
+  indices are not concrete: an index outside [0, C) (other than ``ignore_index``) gives a NaN loss
+  and NaN gradient for its element, and ``checkify.checkify(f, errors=checkify.user_checks)``
+  turns it into an error with the spec's message.
+* Mean over zero elements: 0 with zero gradient, as in spec (torch gives NaN).
+
+Drop-ins with optax's signatures and per-example outputs:
+``softmax_cross_entropy_with_integer_labels`` and ``sigmoid_binary_cross_entropy``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.custom_derivatives import SymbolicZero
+from jax.experimental import checkify
+
+from . import _checks
+
+__all__ = [
+    "softmax_cross_entropy",
+    "softmax_focal_loss",
+    "sigmoid_cross_entropy",
+    "sigmoid_focal_loss",
+    "softmax_cross_entropy_with_integer_labels",
+    "sigmoid_binary_cross_entropy",
+]
+
+ArrayLike = Any
+
+
+# ----------------------------------------------------------------------------------------------
+# Inputs
+# ----------------------------------------------------------------------------------------------
+
+
+def _as_array(x: ArrayLike) -> jax.Array:
+    """JAX view of `x` (JAX or NumPy array, Python scalar or anything with __array__)."""
+    return jnp.asarray(x)
+
+
+def _is_concrete(x) -> bool:
+    """True when the values of `x` are known now (eager call), False inside a transformation."""
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _compute_dtype(dtype):
+    """float16 and bfloat16 are computed in float32; float32 and float64 in themselves."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _check_traced_indices(targets, num_classes, ignore_index):
+    """The `_checks.class_indices` error for traced targets, raised by `checkify` when enabled."""
+    bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
+    first = jnp.argmax(bad.ravel())
+    position = jnp.unravel_index(first, targets.shape)
+    names = [f"p{i}" for i in range(targets.ndim)]
+    position_text = "(" + ", ".join("{" + name + "}" for name in names)
+    position_text += ",)" if targets.ndim == 1 else ")"
+    checkify.debug_check(
+        ~jnp.any(bad),
+        "`targets` has class index {value} at position " + position_text + ", outside "
+        f"[0, {num_classes}) and not ignore_index={ignore_index}.",
+        value=targets.ravel()[first],
+        **dict(zip(names, position, strict=True)),
+    )
+
+
+def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where):
+    """Validates the softmax arguments; returns them in the compute dtype with the class axis last.
+
+    Returns (z, t, keep, valid, is_index, class_weight, axis): `z` the logits with masked classes
+    at -inf, `t` the smoothed target distribution (zero rows where ignored), `keep` the non-ignored
+    elements, `valid` the classes inside `where`, `class_weight` the per-class vector (`weight` or
+    `alpha`, ones if None).
+    """
+    logits = _as_array(logits)
+    targets = _as_array(targets)
+    _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
+    axis = _checks.class_axis(axis, logits.ndim)
+    num_classes = logits.shape[axis]
+    if jnp.issubdtype(targets.dtype, jnp.integer):
+        kind = "index"
+    elif jnp.issubdtype(targets.dtype, jnp.floating):
+        kind = "prob"
+    else:
+        kind = "other"
+    _checks.softmax_targets(kind, targets.shape, targets.dtype, logits.shape, axis)
+    ignore_index = _checks.ignore_index(ignore_index)
+    label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
+    if kind == "index" and _is_concrete(targets):
+        _checks.class_indices(np.asarray(targets), num_classes, ignore_index)
+    elif kind == "index":
+        _check_traced_indices(targets, num_classes, ignore_index)
+    if weight is not None:
+        weight = _as_array(weight)
+        _checks.class_vector("weight", weight.shape, num_classes)
+    if alpha is not None:
+        alpha = alpha if np.isscalar(alpha) else _as_array(alpha)
+        _checks.focal_alpha(alpha, num_classes)
+        if _is_concrete(alpha):
+            _checks.unit_interval_values("alpha", np.atleast_1d(alpha))
+    if where is not None:
+        where = _as_array(where)
+        _checks.class_mask(where.shape, where.dtype == jnp.bool_, where.dtype, logits.shape)
+
+    dtype = _compute_dtype(logits.dtype)
+    z = jnp.moveaxis(logits.astype(dtype), axis, -1)
+    # classes outside `where` leave the softmax: exactly a logit of -inf
+    if where is None:
+        valid = jnp.ones(z.shape, dtype=bool)
+    else:
+        valid = jnp.moveaxis(jnp.broadcast_to(where, logits.shape), axis, -1)
+        z = jnp.where(valid, z, -jnp.inf)
+    classes = jnp.arange(num_classes)
+    if kind == "index":
+        keep = targets != ignore_index
+        one_hot = (classes == targets[..., None]) & keep[..., None]
+        t = one_hot.astype(dtype)
+    else:
+        keep = jnp.ones(z.shape[:-1], dtype=bool)
+        t = jnp.moveaxis(targets.astype(dtype), axis, -1)
+    if label_smoothing != 0.0:
+        # t~ = (1 - eps) t + eps / C, the eps mass spread over the classes inside `where` only
+        num_valid = jnp.sum(valid, axis=-1, keepdims=True)
+        uniform = jnp.where(valid, 1.0 / jnp.maximum(num_valid, 1), 0.0)
+        t = (1.0 - label_smoothing) * t + label_smoothing * uniform * keep[..., None]
+    vector = weight if weight is not None else alpha
+    if vector is None:
+        class_weight = jnp.ones(num_classes, dtype=dtype)
+    else:
+        class_weight = jnp.broadcast_to(_as_array(vector).astype(dtype), (num_classes,))
+    return z, t, keep, valid, kind == "index", class_weight, axis
+
+
+# ----------------------------------------------------------------------------------------------
+# Closed-form derivative rules
+# ----------------------------------------------------------------------------------------------
+
+
+def _is_zero(tangent) -> bool:
+    return tangent is None or isinstance(tangent, SymbolicZero)
+
+
+def _forward_tangent(value, primals, tangents):
+    """Tangent of value(*primals) along the non-zero `tangents`, by autodiff of the forward formula.
+
+    Used for the arguments after the logits only (targets, weights), where the forward formula
+    is linear or smooth; the logits' tangent always goes through the closed-form gradient.
+    """
+    moving = [i for i, tangent in enumerate(tangents) if not _is_zero(tangent)]
+
+    def restricted(*args):
+        full = list(primals)
+        for i, arg in zip(moving, args, strict=True):
+            full[i] = arg
+        return value(*full)
+
+    args = tuple(primals[i] for i in moving)
+    return jax.jvp(restricted, args, tuple(tangents[i] for i in moving))[1]
+
+
+def _closed_form_jvp(terms, class_sum, other_tangent=None):
+    """custom_jvp rule: loss, grad = terms(z, *rest); tangent = sum(grad * dz) + d(rest) term.
+
+    Linear in the tangents, so reverse mode transposes it; `class_sum` sums over the class axis
+    (softmax losses, one loss per row) or not (sigmoid losses, one loss per entry).
+    """
+
+    def rule(static, primals, tangents):
+        z, *rest = primals
+        dz, *drest = tangents
+        loss, grad = terms(z, *rest, *static)
+        tangent = jnp.zeros_like(loss)
+        if not _is_zero(dz):
+            product = grad * dz
+            tangent = tangent + (jnp.sum(product, axis=-1) if class_sum else product)
+        if not all(_is_zero(d) for d in drest):
+            if other_tangent is None:
+                tangent = tangent + _forward_tangent(
+                    lambda *args: terms(z, *args, *static)[0], rest, drest
+                )
+            else:
+                tangent = tangent + other_tangent(z, rest, drest, *static)
+        return loss, tangent
+
+    return rule
+
+
+def _with_closed_form_grad(terms, num_static, class_sum, other_tangent=None):
+    """`terms(z, *rest, *static)[0]` as a custom_jvp function with the closed-form gradient."""
+    num_args = terms.__code__.co_argcount
+    static_argnums = tuple(range(num_args - num_static, num_args))
+
+    def value(*args):
+        return terms(*args)[0]
+
+    value = jax.custom_jvp(value, nondiff_argnums=static_argnums)
+    rule = _closed_form_jvp(terms, class_sum, other_tangent)
+    value.defjvp(
+        lambda *args: rule(args[:num_static], args[num_static], args[num_static + 1]),
+        symbolic_zeros=True,
+    )
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax core
+# ----------------------------------------------------------------------------------------------
+
+
+def _log_softmax(z):
+    """log p, log(1 - p), p and 1 - p along the last axis, as in spec (see its docstring).
+
+    Every `where` keeps its unselected branch finite, so that this function's own derivative
+    (forward mode over the gradient: Hessians) is finite too.
+    """
+    num_classes = z.shape[-1]
+    top = jnp.argmax(z, axis=-1)[..., None]
+    is_top = jnp.arange(num_classes) == top
+    z_top = jnp.take_along_axis(z, top, axis=-1)
+    # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does (argmax picks it)
+    z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
+    # shift so that the largest logit is 0: exp cannot overflow (a row of -inf gives NaN)
+    shifted = z - z_top
+    others = jnp.where(is_top, -jnp.inf, shifted)
+    s = jnp.sum(jnp.exp(others), axis=-1, keepdims=True)
+    log1p_s = jnp.log1p(s)
+    # log s = m + log(sum_{j != top} exp(z_j - z_top - m)), m the runner-up: exact when s underflows
+    runner_up = jnp.max(others, axis=-1, keepdims=True)
+    runner_up = jnp.where(jnp.isfinite(runner_up), runner_up, 0.0)
+    others_sum = jnp.sum(jnp.exp(others - runner_up), axis=-1, keepdims=True)
+    has_others = others_sum > 0.0
+    log_s = jnp.where(
+        has_others, runner_up + jnp.log(jnp.where(has_others, others_sum, 1.0)), -jnp.inf
+    )
+    log_p = shifted - log1p_s
+    p = jnp.exp(log_p)
+    # 1 - p_top = s / (1 + s), never formed as 1 - p
+    not_p = jnp.where(is_top, s / (1.0 + s), 1.0 - p)
+    log_not_p = jnp.where(is_top, log_s - log1p_s, jnp.log1p(-jnp.where(is_top, 0.0, p)))
+    return log_p, log_not_p, p, not_p, is_top, s, log1p_s
+
+
+def _focal_phi(log_p, p, not_p, is_top, s, log1p_s):
+    """phi(p) = p log p / (1 - p), in [-1, 0]: phi(0) = 0, phi -> -1 as p -> 1.
+
+    For the top class p = 1 / (1 + s) and 1 - p = s / (1 + s), so phi = -log1p(s) / s.
+    """
+    phi_top = jnp.where(s > 0.0, -log1p_s / jnp.where(s > 0.0, s, 1.0), -1.0)
+    rest = (p > 0.0) & ~is_top
+    phi_rest = jnp.where(rest, jnp.where(rest, p * log_p, 0.0) / jnp.where(rest, not_p, 1.0), 0.0)
+    return jnp.where(is_top, phi_top, phi_rest)
+
+
+def _sum_except_self(v):
+    """sum_{c != j} v_c for each j, for v >= 0, without cancellation (see spec)."""
+    num_classes = v.shape[-1]
+    total = jnp.sum(v, axis=-1, keepdims=True)
+    is_big = jnp.arange(num_classes) == jnp.argmax(v, axis=-1)[..., None]
+    rest_of_big = jnp.sum(jnp.where(is_big, 0.0, v), axis=-1, keepdims=True)
+    return jnp.where(is_big, rest_of_big, total - v)
+
+
+def _softmax_focal_terms(z, a, gamma):
+    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c and its gradient (class axis last).
+
+    With gamma = 0 this is the (weighted) softmax cross entropy -sum_c a_c log p_c.
+    The gradient is p_j sum_{c != j} v_c - (1 - p_j) v_j, the same as p * sum(v) - v but free of
+    the cancellation p_j - 1 when p_j is close to 1.
+    """
+    log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
+    if gamma == 0.0:
+        # (1 - p)^0 = 1, also at p = 1
+        focal_weight = jnp.ones_like(log_p)
+        v = a
+    else:
+        # (1 - p)^gamma = exp(gamma log(1 - p))
+        focal_weight = jnp.exp(gamma * log_not_p)
+        phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
+        v = a * focal_weight * (1.0 - gamma * phi)
+    # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf;
+    # 0 * log1p(s) is that 0, or NaN when a NaN or +inf logit made the row NaN (never hidden)
+    loss = -jnp.sum(
+        jnp.where(a == 0.0, 0.0 * log1p_s, a * focal_weight * jnp.where(a == 0.0, 0.0, log_p)),
+        axis=-1,
+    )
+    grad = p * _sum_except_self(v) - not_p * v
+    return loss, grad
+
+
+def _at(x, y):
+    """x[..., y] for one class index per row."""
+    return jnp.take_along_axis(x, y[..., None], axis=-1, mode="clip")[..., 0]
+
+
+def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
+    """`_softmax_focal_terms` for one-hot targets a = a_y onehot(y), without forming them.
+
+    The class sums collapse to class y: loss = -a_y (1 - p_y)^gamma log p_y; v is 0 except v_y,
+    so the gradient is p_j v_y for j != y and -(1 - p_y) v_y at y; 0 where not `keep`, whatever
+    the logits.
+    """
+    log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
+    is_y = jnp.arange(z.shape[-1]) == y[..., None]
+    log_p_y = _at(log_p, y)
+    if gamma == 0.0:
+        # (1 - p)^0 = 1, also at p = 1
+        focal_weight = jnp.ones_like(log_p_y)
+        v = a_y
+    else:
+        # (1 - p)^gamma = exp(gamma log(1 - p))
+        focal_weight = jnp.exp(gamma * _at(log_not_p, y))
+        phi = _at(_focal_phi(log_p, p, not_p, is_top, s, log1p_s), y)
+        v = a_y * focal_weight * (1.0 - gamma * phi)
+    # 0 log 0 = 0: no target mass (zero weight) contributes nothing; NaN rows stay NaN
+    loss = -jnp.where(
+        a_y == 0.0,
+        0.0 * log1p_s[..., 0],
+        a_y * focal_weight * jnp.where(a_y == 0.0, 0.0, log_p_y),
+    )
+    grad = jnp.where(
+        keep[..., None], v[..., None] * jnp.where(is_y, -_at(not_p, y)[..., None], p), 0.0
+    )
+    return loss, grad
+
+
+def _softmax_cross_entropy_terms_at(z, y, a_y, keep):
+    """`_softmax_focal_terms_at` for gamma = 0, the hot path: two passes, as optax.
+
+    log p_y = z_y - logsumexp(z) and p = exp(z - logsumexp(z)) need neither the argmax nor
+    log(1 - p) (no focal weight); the absolute error u (1 + |z_y - z_top|) of log p_y is within
+    the spec's tolerance (dualloss.parity.tolerance), also where p_y is within u of 1.
+    """
+    # shift by the largest logit (a constant: the shift cancels in log p); a row of -inf gives NaN
+    z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
+    z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
+    shifted = z - z_top
+    exp_shifted = jnp.exp(shifted)
+    normaliser = jnp.sum(exp_shifted, axis=-1, keepdims=True)
+    is_y = jnp.arange(z.shape[-1]) == y[..., None]
+    log_p_y = (_at(z, y) - z_top[..., 0]) - jnp.log(normaliser[..., 0])
+    p = exp_shifted * (1.0 / normaliser)
+    # 0 log 0 = 0: no target mass (zero weight) contributes nothing
+    loss = -jnp.where(
+        a_y == 0.0, 0.0 * normaliser[..., 0], a_y * jnp.where(a_y == 0.0, 0.0, log_p_y)
+    )
+    grad = jnp.where(keep[..., None], a_y[..., None] * jnp.where(is_y, p - 1.0, p), 0.0)
+    return loss, grad
+
+
+_softmax_focal_loss = _with_closed_form_grad(_softmax_focal_terms, 1, class_sum=True)
+_softmax_focal_loss_at = _with_closed_form_grad(_softmax_focal_terms_at, 1, class_sum=True)
+_softmax_cross_entropy_at = _with_closed_form_grad(
+    _softmax_cross_entropy_terms_at, 0, class_sum=True
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reductions
+# ----------------------------------------------------------------------------------------------
+
+
+def _reduce(loss, reduction, denominator):
+    """Applies `reduction` to per-element losses (gradients follow by autodiff).
+
+    A mean over a zero denominator (every target ignored, or no elements) is 0 with zero gradient.
+    """
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return jnp.sum(loss)
+    # each term divided before summing: a mean near the top of the dtype range cannot overflow;
+    # double where: no 0 / 0 in the unselected branch
+    nonzero = denominator != 0
+    total = jnp.sum(loss / jnp.where(nonzero, denominator, 1))
+    return jnp.where(nonzero, total, 0.0)
+
+
+def _softmax(
+    logits,
+    targets,
+    axis,
+    class_weight_arg,
+    gamma,
+    is_focal,
+    ignore_index,
+    label_smoothing,
+    where,
+    reduction,
+):
+    reduction = _checks.reduction(reduction)
+    if is_focal:
+        gamma = _checks.gamma(gamma)
+        weight, alpha = None, class_weight_arg
+    else:
+        weight, alpha = class_weight_arg, None
+    z, t, keep, valid, is_index, class_weight, axis = _softmax_inputs(
+        logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where
+    )
+    num_classes = z.shape[-1]
+    if is_index:
+        # an index outside [0, C) cannot raise under jit: its element's loss and gradient are NaN
+        y = _as_array(targets)
+        poison = jnp.where(keep & ((y < 0) | (y >= num_classes)), jnp.nan, 0.0).astype(z.dtype)
+        y = jnp.clip(y, 0, num_classes - 1)
+    if is_index and label_smoothing == 0.0:
+        # one-hot targets: gather the target class instead of forming an N x C one-hot
+        a_y = jnp.where(keep, class_weight[y], 0.0) + poison
+        if gamma == 0.0:
+            loss = _softmax_cross_entropy_at(z, y, a_y, keep)
+        else:
+            loss = _softmax_focal_loss_at(z, y, a_y, keep, gamma)
+    else:
+        if is_index:
+            # ignored elements: logits 0, so that their gradient is 0 even for NaN logits
+            z = jnp.where(keep[..., None], z, 0.0) + poison[..., None]
+        a = class_weight * t
+        loss = _softmax_focal_loss(z, a, gamma)
+    # ignored elements give 0 and no gradient, whatever their logits; masked classes no gradient
+    loss = jnp.where(keep, loss, 0.0)
+    if is_index and not is_focal:
+        # torch: the weighted mean divides by the weights of the kept targets
+        targets = jnp.where(keep, _as_array(targets), 0)
+        denominator = jnp.sum(jnp.where(keep, class_weight[targets], 0.0))
+    elif is_index:
+        denominator = jnp.sum(keep)
+    else:
+        denominator = keep.size
+    loss = _reduce(loss, reduction, denominator)
+    return loss.astype(_as_array(logits).dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API: softmax losses
+# ----------------------------------------------------------------------------------------------
+
+
+def softmax_cross_entropy(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    axis: int = -1,
+    weight: ArrayLike | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    where: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Softmax cross entropy, torch ``F.cross_entropy`` semantics; see ``spec`` for the math.
+
+    Class axis -1 by default. Computed in the logits dtype (float32 for float16/bfloat16) and
+    returned in it. Closed-form gradient w.r.t. the logits (custom_jvp: grad, jacfwd, hessian).
+    Under ``jit`` an index outside [0, C) gives NaN (an error under ``checkify``).
+    """
+    return _softmax(
+        logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
+    )
+
+
+def softmax_focal_loss(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    axis: int = -1,
+    gamma: float = 2.0,
+    alpha: ArrayLike | float | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    where: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Softmax focal loss (Lin et al.); see ``spec.softmax_focal_loss`` for the math.
+
+    Class axis -1 by default; dtypes, gradients and bad indices as ``softmax_cross_entropy``.
+    `gamma` must be a Python number (it selects the code path).
+    """
+    return _softmax(
+        logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
+    )
+
+
+def softmax_cross_entropy_with_integer_labels(
+    logits: ArrayLike, labels: ArrayLike, axis: int = -1, where: ArrayLike | None = None
+) -> jax.Array:
+    """Drop-in for ``optax.softmax_cross_entropy_with_integer_labels``: per-example losses.
+
+    Same signature and output (the logits shape without `axis`). Differences: a label on a class
+    outside `where` gives +inf (optax: a finite number), a row with every class outside `where`
+    gives NaN (optax: 0), labels equal to -100 give 0 (torch's ignore_index), and labels outside
+    [0, C) raise in eager calls and give NaN under jit. `axis` must be an int.
+    """
+    return softmax_cross_entropy(logits, labels, axis=axis, where=where, reduction="none")
+
+
+# ----------------------------------------------------------------------------------------------
+# Sigmoid core
+# ----------------------------------------------------------------------------------------------
+
+
+def _sigmoid_inputs(logits, targets, weight, pos_weight):
+    """Validates the sigmoid arguments; returns x, t, w, q in the compute dtype, logits shape."""
+    logits = _as_array(logits)
+    targets = _as_array(targets)
+    _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
+    _checks.sigmoid_targets(
+        targets.shape, jnp.issubdtype(targets.dtype, jnp.floating), targets.dtype, logits.shape
+    )
+    dtype = _compute_dtype(logits.dtype)
+    x = logits.astype(dtype)
+    # NaN or +inf in the logits: NaN in that element (DESIGN 5), never a plausible inf or 0
+    # (an addition, not a where, so that the gradient there is NaN too)
+    x = x + jnp.where(x == jnp.inf, jnp.nan, 0.0)
+    t = targets.astype(dtype)
+    factors = []
+    for name, factor in (("weight", weight), ("pos_weight", pos_weight)):
+        if factor is None:
+            factors.append(jnp.ones_like(x))
+            continue
+        factor = _as_array(factor)
+        _checks.broadcastable(name, factor.shape, logits.shape)
+        factors.append(jnp.broadcast_to(factor.astype(dtype), x.shape))
+    return x, t, factors[0], factors[1]
+
+
+def _softplus(x):
+    """softplus(x) = log(1 + exp(x)) = -log_sigmoid(-x), accurate for every x."""
+    return jnp.logaddexp(0.0, x)
+
+
+def _sigmoid(x):
+    """sigmoid(x), to a few ULPs relative for every x (no 1 - sigmoid(-x))."""
+    e = jnp.exp(-jnp.abs(x))
+    return jnp.where(x >= 0.0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def _sigmoid_terms(x, t, q):
+    """Per-element sigmoid cross entropy (w = 1) and its gradient; see spec.
+
+    l = (1 - t) softplus(x) + q t softplus(-x), dl/dx = (1 - t) sigma(x) - q t sigma(-x).
+    """
+    # -log(1 - sigma(x)) = softplus(x), -log(sigma(x)) = softplus(-x)
+    loss = (1.0 - t) * _softplus(x) + q * t * _softplus(-x)
+    grad = (1.0 - t) * _sigmoid(x) - q * t * _sigmoid(-x)
+    return loss, grad
+
+
+_sigmoid_cross_entropy_value = _with_closed_form_grad(_sigmoid_terms, 0, class_sum=False)
+
+
+def _sigmoid_reduce(loss, reduction):
+    return _reduce(loss, reduction, loss.size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API: sigmoid losses
+# ----------------------------------------------------------------------------------------------
+
+
+def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
+    reduction = _checks.reduction(reduction)
+    x, t, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
+    loss = _sigmoid_cross_entropy_value(x, t, q)
+    return _sigmoid_reduce(w * loss, reduction).astype(_as_array(logits).dtype)
+
+
+def sigmoid_cross_entropy(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    weight: ArrayLike | None = None,
+    pos_weight: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Sigmoid (binary) cross entropy with logits, torch semantics; see ``spec``.
+
+    Computed in the logits dtype (float32 for float16/bfloat16) and returned in it; closed-form
+    gradient w.r.t. the logits (custom_jvp).
+    """
+    return _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
+
+
+def sigmoid_binary_cross_entropy(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
+    """Drop-in for ``optax.sigmoid_binary_cross_entropy``: per-entry losses, logits shape.
+
+    As in optax, `labels` are cast to the logits dtype (integer 0/1 labels work) and broadcast.
+    """
+    logits = _as_array(logits)
+    _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
+    labels = jnp.broadcast_to(_as_array(labels).astype(logits.dtype), logits.shape)
+    return sigmoid_cross_entropy(logits, labels, reduction="none")
+
+
+def _sigmoid_focal_terms(x, t, alpha, gamma):
+    """Per-element sigmoid focal loss and its gradient (torchvision semantics); see spec.
+
+    l = alpha_t (1 - p_t)^gamma ce,
+    dl/dx = alpha_t (1 - p_t)^gamma [(p - t) + gamma ce (1 - 2t) r],  r = p (1 - p) / (1 - p_t).
+    """
+    ce, p_minus_t = _sigmoid_terms(x, t, 1.0)
+    # log p = -softplus(-x), log(1 - p) = -softplus(x)
+    log_p = -_softplus(-x)
+    log_not_p = -_softplus(x)
+    # log(1 - p_t) = logaddexp(log(1 - t) + log p, log t + log(1 - p)); log 0 = -inf drops a term
+    log_not_pt = jnp.logaddexp(jnp.log1p(-t) + log_p, jnp.log(t) + log_not_p)
+    if gamma == 0.0:
+        # (1 - p_t)^0 = 1, also at p_t = 1
+        focal_weight = jnp.ones_like(x)
+    else:
+        focal_weight = jnp.exp(gamma * log_not_pt)
+    if alpha is None:
+        alpha_t = jnp.ones_like(x)
+    else:
+        alpha_t = alpha * t + (1.0 - alpha) * (1.0 - t)
+    # r = p (1 - p) / (1 - p_t) <= 1
+    r = jnp.exp(log_p + log_not_p - log_not_pt)
+    loss = alpha_t * focal_weight * ce
+    grad = alpha_t * focal_weight * (p_minus_t + gamma * ce * (1.0 - 2.0 * t) * r)
+    return loss, grad
+
+
+def _sigmoid_focal_other_tangent(x, rest, tangents, gamma):
+    """Tangent along t and alpha, closed form (log t is not differentiable at t = 0).
+
+    With L = log(1 - p_t): dL/dt = (1 - 2p) / (1 - p_t), d ce/dt = -x, d alpha_t/dt = 2 alpha - 1,
+    d alpha_t/d alpha = 2t - 1.
+    """
+    t, alpha = rest
+    dt, dalpha = tangents
+    loss, _ = _sigmoid_focal_terms(x, t, None, gamma)
+    tangent = jnp.zeros_like(x)
+    if not _is_zero(dt):
+        ce, _ = _sigmoid_terms(x, t, 1.0)
+        log_not_pt = jnp.logaddexp(jnp.log1p(-t) - _softplus(-x), jnp.log(t) - _softplus(x))
+        focal_weight = jnp.ones_like(x) if gamma == 0.0 else jnp.exp(gamma * log_not_pt)
+        # d(m ce)/dt = m (d ce/dt + gamma ce dL/dt), ce / (1 - p_t) formed in log space
+        d_loss_dt = -x * focal_weight
+        if gamma != 0.0:
+            has_ce = ce > 0.0
+            ratio = jnp.where(
+                has_ce, jnp.exp(jnp.log(jnp.where(has_ce, ce, 1.0)) - log_not_pt), 0.0
+            )
+            # 1 - 2 sigma(x) = tanh(-x / 2)
+            d_loss_dt = d_loss_dt + gamma * focal_weight * ratio * jnp.tanh(-x / 2.0)
+        if alpha is not None:
+            alpha_t = alpha * t + (1.0 - alpha) * (1.0 - t)
+            d_loss_dt = alpha_t * d_loss_dt + (2.0 * alpha - 1.0) * loss
+        tangent = tangent + d_loss_dt * dt
+    if not _is_zero(dalpha):
+        tangent = tangent + (2.0 * t - 1.0) * loss * dalpha
+    return tangent
+
+
+_sigmoid_focal_value = _with_closed_form_grad(
+    _sigmoid_focal_terms, 1, class_sum=False, other_tangent=_sigmoid_focal_other_tangent
+)
+
+
+def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
+    reduction = _checks.reduction(reduction)
+    gamma = _checks.gamma(gamma)
+    _checks.focal_alpha(alpha, None)
+    x, t, _, _ = _sigmoid_inputs(logits, targets, None, None)
+    if alpha is not None:
+        alpha = _as_array(alpha).astype(x.dtype)
+    loss = _sigmoid_focal_value(x, t, alpha, gamma)
+    return _sigmoid_reduce(loss, reduction).astype(_as_array(logits).dtype)
+
+
+def sigmoid_focal_loss(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    gamma: float = 2.0,
+    alpha: float | None = None,
+    reduction: str = "mean",
+) -> jax.Array:
+    """Sigmoid focal loss, torchvision semantics; see ``spec.sigmoid_focal_loss`` for the math.
+
+    Computed in the logits dtype (float32 for float16/bfloat16) and returned in it; closed-form
+    gradient w.r.t. the logits (custom_jvp). `gamma` must be a Python number; `alpha` None, a
+    number, or a scalar array. Note torchvision's default alpha is 0.25; here it is None.
+    """
+    return _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
