@@ -24,6 +24,15 @@ u * kappa_c before exponentiating):
   With V_c = |v_c| (1 + kappa_c) (1 + g (1 + |log(1 - p_c)|)):
   grad scale_j = p_j (1 + kappa_j) sum_c V_c + V_j.
 
+* Class sums (added after the parity suite measured F.cross_entropy with label smoothing at
+  C = 32771 in float64, 1.2e4 ULPs off in one gradient entry): sum_c a_c (...) and sum_c v_c run
+  over every class with target mass, all C of them with label smoothing or dense soft targets.
+  Recursive summation of n terms has error up to (n - 1) u sum |terms| (Higham, Accuracy and
+  Stability, Thm 4.2), and torch's CPU reductions are close to recursive per SIMD lane (the
+  measured error was ~C/4 u). So with n_c the number of classes with a_c != 0, the value scale
+  gets (n_c - 1) sum_c a_c w_c |log p_c| and sum_c V_c gets (n_c - 1) sum_c |v_c|. For class
+  index targets without smoothing n_c = 1 and nothing changes.
+
   This bound is deliberately absolute where the loss is tiny: a confident, correct prediction with
   cross entropy exp(-20) has scale ~ w_y, so ``torch.nn.functional.cross_entropy`` in float32, which
   returns 0 there (log(1 + s) rounds to 0), is within tolerance, as it should be: the error is below
@@ -39,6 +48,19 @@ Sigmoid losses (per element; x the logit, t the target, q = pos_weight, w = weig
 
 Reductions add the error of summing n terms pairwise, (1 + ceil(log2 n)) u sum_i |l_i|, and the
 division by the mean's denominator; gradients of a mean are the element gradients divided by it.
+
+Underflow (added after the parity suite measured optax on XLA:CPU): the model above,
+fl(x op y) = (x op y)(1 + delta), holds only for results in the normal range. The full model is
+fl(x op y) = (x op y)(1 + delta) + eta, with |eta| up to the smallest normal number of the
+working precision when the hardware flushes subnormal results to zero (XLA:CPU and GPUs run with
+FTZ/DAZ) and half a subnormal spacing otherwise. A probability exp(-90) is 8e-40 in float32:
+subnormal, so ``softmax - onehot`` flushes it to 0 and a gradient entry of 1e-39 comes back as 0,
+an error of "1e6 ULPs" of a subnormal that no float32 algorithm on such hardware can avoid. So
+every value and gradient entry gets an absolute term K * TINY * (1 + g) * max(1, |weights|),
+TINY the dtype's smallest normal number (the weights and the focal factor 1 + g multiply an
+underflowed intermediate at most that much); a reduced value gets it once per element, divided by
+the mean's denominator. This is below every ULP of the normal range, so it never hides a NaN, a
+bias, or a lost normal-range gradient.
 
 K = 8 covers the handful of correctly rounded operations (exp, log1p, the subtraction, the
 products, the final rounding to the output dtype) that each contribute up to u, with a factor ~2
@@ -71,6 +93,12 @@ SMALLEST_SUBNORMAL = {
     "float32": 2.0**-149,
     "float16": 2.0**-24,
     "bfloat16": 2.0**-133,
+}
+SMALLEST_NORMAL = {
+    "float64": 2.0**-1022,
+    "float32": 2.0**-126,
+    "float16": 2.0**-14,
+    "bfloat16": 2.0**-126,
 }
 MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
 K = 8.0
@@ -113,7 +141,7 @@ def _softmax_scales(loss: str, logits, targets, options):
     """Per-element value scale (logits shape less the class axis), grad scale (logits shape)."""
     options = dict(options)
     axis = options.pop("axis", -1)
-    gamma = float(options.get("gamma", 0.0)) if loss == "softmax_focal_loss" else 0.0
+    gamma = float(options.get("gamma", 2.0)) if loss == "softmax_focal_loss" else 0.0
     vector = options.get("alpha") if loss == "softmax_focal_loss" else options.get("weight")
     weight, alpha = (None, vector) if loss == "softmax_focal_loss" else (vector, None)
     with np.errstate(all="ignore"):
@@ -137,14 +165,23 @@ def _softmax_scales(loss: str, logits, targets, options):
         terms = np.where(
             a == 0.0, 0.0, a * focal_weight * (1.0 + kappa + finite_log_p) * power_error
         )
-        value_scale = np.sum(terms, axis=-1)
+        # the class sums over the n_c classes with target mass (n_c = C with label smoothing)
+        # carry the recursive-summation error (n_c - 1) u sum |term| (Higham, Thm 4.2)
+        n_terms = np.sum(a != 0.0, axis=-1, keepdims=True)
+        extra = np.maximum(n_terms - 1, 0)
+        value_scale = np.sum(terms, axis=-1) + extra[..., 0] * np.sum(
+            np.where(a == 0.0, 0.0, a * focal_weight * finite_log_p), axis=-1
+        )
         if gamma:
             phi = spec._focal_phi(log_p, p, not_p, is_top, s, log1p_s)
             v = a * focal_weight * (1.0 - gamma * phi)
         else:
             v = a
         big_v = np.abs(v) * (1.0 + kappa) * power_error
-        grad_scale = p * (1.0 + kappa) * np.sum(big_v, axis=-1, keepdims=True) + big_v
+        sum_v = np.sum(big_v, axis=-1, keepdims=True) + extra * np.sum(
+            np.abs(v), axis=-1, keepdims=True
+        )
+        grad_scale = p * (1.0 + kappa) * sum_v + big_v
         value_scale = np.where(keep, value_scale, 0.0)
         grad_scale = np.where(keep[..., None] & valid, grad_scale, 0.0)
     return value_scale, np.moveaxis(grad_scale, -1, axis)
@@ -287,9 +324,10 @@ def judge(
         value_scale, grad_scale = _softmax_scales(loss, logits, targets, element_options)
     else:
         value_scale, grad_scale = _sigmoid_scales(loss, logits, targets, element_options)
+    underflow = K * SMALLEST_NORMAL[dtype] * _underflow_multiplier(loss, options)
     with np.errstate(all="ignore"):
         if reduction == "none":
-            value_tolerance = K * u * (np.abs(elements) + value_scale)
+            value_tolerance = K * u * (np.abs(elements) + value_scale) + underflow
             divisor = 1.0
         else:
             divisor = _mean_divisor(loss, logits, targets, options) if reduction == "mean" else 1.0
@@ -298,10 +336,11 @@ def judge(
             value_tolerance = np.asarray(
                 K * u * (np.sum(value_scale) + summation * np.sum(np.abs(elements))) / divisor
                 + K * u * np.abs(expected_value)
+                + underflow * n / divisor
             )
         grad_tolerance = None
         if grad is not None:
-            grad_tolerance = K * u * (np.abs(expected_grad) + grad_scale / divisor)
+            grad_tolerance = K * u * (np.abs(expected_grad) + grad_scale / divisor) + underflow
     nonfinite: list[str] = []
     inaccurate: list[str] = []
     worst_value_ulp, value_ratio = _compare(
@@ -328,6 +367,18 @@ def judge(
         worst_grad_ulp=worst_grad_ulp,
         worst_ratio=max(value_ratio, grad_ratio),
     )
+
+
+def _underflow_multiplier(loss: str, options: dict) -> float:
+    """(1 + gamma) * max(1, |weight|, |alpha|, |pos_weight|): how much an underflowed
+    intermediate can be scaled up before it reaches the output."""
+    gamma = float(options.get("gamma", 2.0)) if "focal" in loss else 0.0
+    largest = 1.0
+    for key in ("weight", "alpha", "pos_weight"):
+        value = options.get(key)
+        if value is not None:
+            largest = max(largest, float(np.max(np.abs(np.asarray(value, dtype=np.float64)))))
+    return (1.0 + gamma) * largest
 
 
 def _mean_divisor(loss, logits, targets, options) -> float:

@@ -1,0 +1,144 @@
+"""Command line: ``dualloss-parity run ...`` and ``dualloss-parity check MODULE:FUNCTION ...``.
+
+Exit status: 0 when parity holds, 1 on failures, 2 on usage errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import sys
+
+from .cases import LOSSES, REGIONS
+
+USAGE_ERROR, FAILED, OK = 2, 1, 0
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _option(text: str) -> tuple[str, object]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"`--option` must be key=value. Received: {text!r}.")
+    key, _, raw = text.partition("=")
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        value = raw
+    return key.strip(), value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dualloss-parity",
+        description="Judge loss implementations against the float64 dualloss spec.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run dualloss's backends (and peers) over every case")
+    run.add_argument("--backends", type=_csv, default=["torch", "jax"])
+    run.add_argument("--devices", type=_csv, default=None, help="e.g. cpu,cuda:0 (default: all)")
+    run.add_argument("--dtypes", type=_csv, default=["float32", "float64", "float16", "bfloat16"])
+    run.add_argument("--losses", type=_csv, default=list(LOSSES))
+    run.add_argument("--regions", type=_csv, default=None)
+    level = run.add_mutually_exclusive_group()
+    level.add_argument("--quick", action="store_const", dest="level", const="quick")
+    level.add_argument("--full", action="store_const", dest="level", const="full")
+    run.add_argument("--peers", action="store_true", help="also measure torch/optax/kornia")
+    run.add_argument("--only-peers", action="store_true", help="measure the peers only")
+    run.add_argument("--no-jit", action="store_true", help="JAX eager mode only")
+    run.add_argument("--compile", action="store_true", help="torch.compile also with --quick")
+    run.add_argument("--report", metavar="DIR", default=None, help="write JSON + Markdown here")
+    run.add_argument("--no-progress", action="store_true")
+    run.add_argument("--max-failures", type=int, default=10)
+    run.set_defaults(level="quick")
+
+    check = sub.add_parser("check", help="check your own loss function")
+    check.add_argument("candidate", metavar="MODULE:FUNCTION")
+    check.add_argument("--reference", required=True, choices=LOSSES)
+    check.add_argument("--backend", required=True, choices=["torch", "jax"])
+    check.add_argument("--option", type=_option, action="append", default=[],
+                       metavar="KEY=VALUE")  # fmt: skip
+    check.add_argument("--dtypes", type=_csv, default=None)
+    check.add_argument("--max-examples", type=int, default=None)
+    check.add_argument("--skip", type=_csv, default=[])
+    check.add_argument("--device", default=None)
+    check.add_argument("--jit", action="store_true")
+    return parser
+
+
+def _run(args, parser) -> int:
+    from . import backends as B
+    from . import report, runner
+
+    for name, values, allowed in (("--backends", args.backends, B.BACKENDS),
+                                  ("--dtypes", args.dtypes, B.DTYPES),
+                                  ("--losses", args.losses, LOSSES),
+                                  ("--regions", args.regions or [], REGIONS)):  # fmt: skip
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            parser.error(f"{name} must be among {', '.join(allowed)}. Received: {','.join(bad)}.")
+    missing = []
+    for backend in args.backends:
+        try:
+            __import__(backend)
+        except ImportError:
+            missing.append(backend)
+    if missing:
+        parser.error(
+            f"--backends {','.join(missing)}: not installed (pip install dualloss[{missing[0]}])."
+        )
+    impls = [] if args.only_peers else runner.default_implementations(args.backends, args.losses)
+    if args.peers or args.only_peers:
+        from .peers import available_peers
+
+        impls += [p for p in available_peers(args.backends) if p.loss in args.losses]
+    if args.devices:
+        found = [label for b in args.backends for label, _ in B.devices_for(b, args.devices)]
+        if not found:
+            parser.error(f"--devices {','.join(args.devices)}: no such device for {args.backends}.")
+    result = runner.run_matrix(
+        impls, dtypes=args.dtypes, devices=args.devices, level=args.level, losses=args.losses,
+        regions=args.regions, jit=not args.no_jit, torch_compile=True if args.compile else None,
+        progress=not args.no_progress,
+    )  # fmt: skip
+    print(report.terminal_summary(result, args.max_failures))
+    if args.report:
+        os.makedirs(args.report, exist_ok=True)
+        report.write_json(result, os.path.join(args.report, "parity.json"))
+        path = report.write_markdown(result, args.report)
+        print(f"report: {path}, {os.path.join(args.report, 'parity.json')}")
+    return OK if result.ok else FAILED
+
+
+def _check(args, parser) -> int:
+    from .check import check, resolve
+
+    sys.path.insert(0, os.getcwd())
+    try:
+        candidate = resolve(args.candidate)
+    except (ValueError, ImportError, AttributeError) as error:
+        parser.error(f"cannot load {args.candidate!r}: {error}")
+    try:
+        result = check(
+            candidate, args.reference, backend=args.backend, options=dict(args.option),
+            dtypes=args.dtypes, max_examples=args.max_examples, skip=args.skip,
+            device=args.device, jit=args.jit,
+        )  # fmt: skip
+    except ValueError as error:
+        parser.error(str(error))
+    print(result)
+    return OK if result.ok else FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(args, parser)
+    return _check(args, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,545 @@
+"""Adversarial inputs for the parity oracle: named regions, each a generator with a fixed seed.
+
+Cases are backend-neutral NumPy: logits in float64 with the class axis last (the spec's and JAX's
+layout), targets as int64 class indices or float64 probabilities, options as the spec's keyword
+arguments. ``to_torch_layout`` moves the class axis to dim 1 for PyTorch.
+
+A case is generated *for a dtype*: margins run "from 20 up to near the dtype's range", so a
+float16 case stops at tens of thousands and a float32 case goes to 1e38. The values are rounded
+to the dtype later, by ``backends.round_to`` (the candidate and the reference see the same bits).
+
+Regions (``REGIONS``):
+
+* ``typical``: standard-normal logits, a few shapes.
+* ``confident_correct``: the target logit leads by a margin of 20 .. ~half the dtype's maximum,
+  so every other probability underflows (1 - p_target is below the dtype's smallest number).
+* ``confident_wrong``: the target logit trails by that margin: its probability underflows.
+* ``near_ties``: logits equal, or one ULP apart.
+* ``huge_shift``: a common shift of up to ~half the dtype's maximum added to typical logits.
+* ``masked``: -inf logits as class masks, down to a single finite class (p = 1 exactly).
+* ``soft_targets``: probability targets with exact zeros.
+* ``masked_soft``: probability targets with -inf logits under the zero-mass classes.
+* ``label_smoothing``: epsilon 0, 0.1 and 1.
+* ``ignored``: ignore_index targets, some rows; ``all_ignored``: every target ignored.
+* ``classes``: C = 1, C = 2 and a large C (>= 32768, tiny N).
+* ``spatial``: extra dims, (N, d1, d2, C) here, (N, C, d1, d2) for torch.
+* ``where``: boolean class masks (optax semantics), with label smoothing.
+* ``options``: the option grid (gamma 0, 0.25, 0.5, 1, 2, 5; alpha None / scalar / vector;
+  weights; pos_weight) on typical and adversarial rows.
+
+Every adversarial region also comes ``hidden``: its rows inside a larger typical batch at an odd
+offset (row 37 of 67), so that vectorised loops run their tails over the bad row.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+SOFTMAX_LOSSES = ("softmax_cross_entropy", "softmax_focal_loss")
+SIGMOID_LOSSES = ("sigmoid_cross_entropy", "sigmoid_focal_loss")
+LOSSES = SOFTMAX_LOSSES + SIGMOID_LOSSES
+
+# the largest finite value of each dtype
+DTYPE_MAX = {
+    "float64": float(np.finfo(np.float64).max),
+    "float32": float(np.finfo(np.float32).max),
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+}
+GAMMAS = (0.0, 0.25, 0.5, 1.0, 2.0, 5.0)
+HIDE_AT, HIDE_IN = 37, 67
+# weights and alphas exactly representable in every dtype (bfloat16 has 8 significant bits)
+_WEIGHTS = (0.5, 1.0, 2.0, 0.25, 1.5, 0.75, 3.0, 1.25)
+
+REGIONS = (
+    "typical",
+    "confident_correct",
+    "confident_wrong",
+    "near_ties",
+    "huge_shift",
+    "masked",
+    "soft_targets",
+    "masked_soft",
+    "label_smoothing",
+    "ignored",
+    "all_ignored",
+    "classes",
+    "spatial",
+    "where",
+    "options",
+)
+# regions whose inputs are adversarial rows worth hiding in a larger batch
+ADVERSARIAL = ("confident_correct", "confident_wrong", "near_ties", "masked", "soft_targets",
+               "masked_soft")  # fmt: skip
+
+
+@dataclass
+class Case:
+    """One input: logits (float64, class axis last), targets, the spec's options, metadata."""
+
+    loss: str
+    region: str
+    label: str
+    logits: np.ndarray
+    targets: np.ndarray
+    options: dict = field(default_factory=dict)
+    # the target's logit margin over the best other class (sigmoid: x (2t - 1)), for plots
+    margin: float = 0.0
+    # rows worth trying first when looking for a minimal failing input
+    hot_rows: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.region}/{self.label}"
+
+    @property
+    def index_targets(self) -> bool:
+        return np.issubdtype(self.targets.dtype, np.integer)
+
+    @property
+    def gamma(self) -> float:
+        return float(self.options.get("gamma", 2.0)) if "focal" in self.loss else 0.0
+
+    def rows(self, index: int) -> Case:
+        """The case restricted to one row of the batch (the first axis)."""
+        options = dict(self.options)
+        where = options.get("where")
+        if where is not None:
+            options["where"] = where[index : index + 1]
+        for key in ("weight", "pos_weight"):
+            value = options.get(key)
+            if self.loss.startswith("sigmoid") and isinstance(value, np.ndarray):
+                if value.ndim == self.logits.ndim:
+                    options[key] = value[index : index + 1]
+        return replace(
+            self,
+            label=f"{self.label}[row {index}]",
+            logits=self.logits[index : index + 1],
+            targets=self.targets[index : index + 1],
+            options=options,
+            hot_rows=(0,),
+        )
+
+
+def to_torch_layout(array: np.ndarray) -> np.ndarray:
+    """Moves the class axis from last to dim 1, (N, ..., C) -> (N, C, ...)."""
+    array = np.asarray(array)
+    if array.ndim <= 2:
+        return array
+    return np.moveaxis(array, -1, 1)
+
+
+def from_torch_layout(array: np.ndarray) -> np.ndarray:
+    """The inverse of ``to_torch_layout``."""
+    array = np.asarray(array)
+    if array.ndim <= 2:
+        return array
+    return np.moveaxis(array, 1, -1)
+
+
+# ----------------------------------------------------------------------------------------------
+# Margins
+# ----------------------------------------------------------------------------------------------
+
+
+def margins(dtype: str, level: str = "quick") -> list[float]:
+    """Target margins from 20 to about half the dtype's maximum.
+
+    Dense where exp(-margin) leaves the dtypes' normal and subnormal ranges (about 10 .. 745),
+    then decades up to half the largest finite value."""
+    # float64: the spec itself computes in float64, and gamma * ce overflows its headroom above
+    # max / 16 (spec.sigmoid_focal_loss_grad is NaN at x = -9e307, gamma = 2; reported)
+    top = 0.5 * DTYPE_MAX[dtype] if dtype != "float64" else DTYPE_MAX[dtype] / 16
+    if level == "quick":
+        grid = [20.0, 45.0, 90.0, 200.0, 800.0, 3e4, 1e15]
+    else:
+        grid = [20.0, 30.0, 45.0, 60.0, 90.0, 110.0, 200.0, 400.0, 800.0, 1500.0, 1e4, 3e4]
+        grid += [1e6, 1e10, 1e20, 1e30, 1e100, 1e200, 1e300]
+    return [m for m in grid if m < top] + [_round_nice(top)]
+
+
+def _round_nice(x: float) -> float:
+    """Two significant digits, so that margins print well and round identically."""
+    if x <= 0:
+        return x
+    digits = 1 - int(math.floor(math.log10(x)))
+    return round(x, digits) if digits > 0 else float(round(x / 10 ** (-digits)) * 10 ** (-digits))
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax rows
+# ----------------------------------------------------------------------------------------------
+
+
+def _typical(rng, n, c):
+    return rng.standard_normal((n, c)) * 2.0, rng.integers(0, c, n)
+
+
+def _confident(rng, c, margin, correct):
+    """One row: the target leads (correct) or trails (wrong) the best other logit by margin."""
+    noise = rng.standard_normal(c)
+    target = int(rng.integers(0, c))
+    z = noise.copy()
+    if correct:
+        # others near -margin, the target at 0: z_target - z_other = margin (+ noise)
+        z = noise - margin
+        z[target] = 0.0
+    else:
+        z[target] = -margin
+    return z, target
+
+
+def _softmax_margin(z, target):
+    others = np.delete(z, target)
+    return float(z[target] - np.max(others)) if others.size else math.inf
+
+
+def _hide(rng, rows_z, rows_t, c, prob_targets=False):
+    """The rows placed at HIDE_AT inside a typical batch of HIDE_IN rows."""
+    z, t = _typical(rng, HIDE_IN, c)
+    if prob_targets:
+        t = _soft(rng, HIDE_IN, c)
+    else:
+        t = t.astype(np.int64)
+    k = len(rows_z)
+    z[HIDE_AT : HIDE_AT + k] = rows_z
+    t[HIDE_AT : HIDE_AT + k] = rows_t
+    return z, t, tuple(range(HIDE_AT, HIDE_AT + k))
+
+
+def _soft(rng, n, c, zeros=True):
+    p = rng.random((n, c)) + 0.05
+    if zeros and c > 1:
+        p[rng.random((n, c)) < 0.4] = 0.0
+        p[np.arange(n), rng.integers(0, c, n)] += 0.5
+    # power-of-two denominators keep targets exact in bfloat16 and the sum exactly 1 mostly
+    p = np.round(p / p.sum(axis=-1, keepdims=True) * 64.0) / 64.0
+    p[:, 0] += 1.0 - p.sum(axis=-1)
+    fix = p[:, 0] < 0
+    if fix.any():
+        p[fix] = 0.0
+        p[fix, -1] = 1.0
+    return p
+
+
+def _softmax_regions(loss: str, dtype: str, level: str, rng_for) -> Iterator[Case]:
+    full = level == "full"
+    focal = loss == "softmax_focal_loss"
+    gammas = GAMMAS if full else (0.0, 0.25, 0.5, 2.0)
+    adv_gammas = (gammas if full else (0.0, 0.5, 2.0)) if focal else (None,)
+
+    def case(region, label, z, t, options=None, margin=0.0, hot=()):
+        return Case(loss, region, label, np.asarray(z, float), np.asarray(t), options or {},
+                    margin, tuple(hot))  # fmt: skip
+
+    def focal_opts(gamma):
+        return {} if gamma is None else {"gamma": gamma}
+
+    # typical
+    rng = rng_for("typical")
+    for n, c in [(4, 5), (67, 13)] + ([(128, 100), (3, 1000)] if full else []):
+        z, t = _typical(rng, n, c)
+        yield case("typical", f"{n}x{c}", z, t)
+        yield case("typical", f"{n}x{c} sum", z, t, {"reduction": "sum"})
+        yield case("typical", f"{n}x{c} none", z, t, {"reduction": "none"})
+    z = _soft(rng, 8, 7, zeros=False)
+    yield case("typical", "8x7 prob", rng.standard_normal((8, 7)), z)
+
+    # confident correct / wrong, by margin, with gamma for the focal loss
+    for region, correct in (("confident_correct", True), ("confident_wrong", False)):
+        rng = rng_for(region)
+        for gamma in adv_gammas:
+            rows_z, rows_t, rows_m = [], [], []
+            for m in margins(dtype, level):
+                z, t = _confident(rng, 5, m, correct)
+                rows_z.append(z)
+                rows_t.append(t)
+                rows_m.append(_softmax_margin(z, t))
+                opts = focal_opts(gamma)
+                g = "" if gamma is None else f" gamma={gamma}"
+                yield case(region, f"margin={m:g}{g}", z[None], [t], opts, rows_m[-1], (0,))
+            z, t, hot = _hide(rng, np.array(rows_z), np.array(rows_t), 5)
+            g = "" if gamma is None else f" gamma={gamma}"
+            yield case(region, f"hidden{g}", z, t, focal_opts(gamma), min(rows_m), hot)
+
+    # near ties: equal logits, and one-ULP differences (made in the dtype later by rounding)
+    rng = rng_for("near_ties")
+    for gamma in adv_gammas[:2] if not full else adv_gammas:
+        opts = focal_opts(gamma)
+        g = "" if gamma is None else f" gamma={gamma}"
+        base = float(rng.standard_normal())
+        eps = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10}.get(dtype, 2.0**-7)
+        rows = np.array([[base] * 4, [base, base * (1 + eps), base, base], [0.0] * 4])
+        yield case("near_ties", f"ties{g}", rows, [0, 1, 3], opts, 0.0)
+        z, t, hot = _hide(rng, rows, np.array([0, 1, 3]), 4)
+        yield case("near_ties", f"hidden{g}", z, t, opts, 0.0, hot)
+
+    # a huge common shift
+    rng = rng_for("huge_shift")
+    shifts = [1e3, 0.5 * DTYPE_MAX[dtype]]
+    if full:
+        shifts = [1e2, 1e4, 1e6, 1e15, 1e30, 0.5 * DTYPE_MAX[dtype]]
+    for shift in shifts:
+        if shift > 0.5 * DTYPE_MAX[dtype]:
+            continue
+        z, t = _typical(rng, 6, 5)
+        yield case("huge_shift", f"shift={shift:.3g}", z + shift, t)
+
+    # -inf masks
+    rng = rng_for("masked")
+    for gamma in adv_gammas:
+        opts = focal_opts(gamma)
+        g = "" if gamma is None else f" gamma={gamma}"
+        z = rng.standard_normal((4, 6))
+        z[0, [1, 3]] = -np.inf
+        z[1, 1:] = -np.inf  # a single finite class: p = 1 exactly
+        z[2, [0, 5]] = -np.inf
+        z[3, :5] = -np.inf
+        t = np.array([0, 0, 3, 5])
+        yield case("masked", f"-inf{g}", z, t, opts, math.inf, (1, 3))
+        hz, ht, hot = _hide(rng, z, t, 6)
+        yield case("masked", f"hidden{g}", hz, ht, opts, math.inf, hot)
+
+    # soft targets with zeros; masked_soft: -inf logits under zero target mass (0 log 0 = 0)
+    for region in ("soft_targets", "masked_soft"):
+        rng = rng_for(region)
+        for gamma in adv_gammas[:3] if not full else adv_gammas:
+            opts = focal_opts(gamma)
+            g = "" if gamma is None else f" gamma={gamma}"
+            t = _soft(rng, 5, 6)
+            z = rng.standard_normal((5, 6)) * 3
+            z[1][t[1] == 0.0] = -60.0
+            if region == "masked_soft":
+                z[0][t[0] == 0.0] = -np.inf
+                one_hot = np.zeros(6)
+                one_hot[2] = 1.0
+                t[4] = one_hot
+                z[4] = -np.inf
+                z[4, 2] = 1.0  # p = 1 on the one class with target mass
+            yield case(region, f"zeros{g}", z, t, opts, 0.0, (0, 4, 1))
+            hz, ht, hot = _hide(rng, z, t, 6, prob_targets=True)
+            yield case(region, f"hidden{g}", hz, ht, opts, 0.0, hot)
+
+    # label smoothing
+    rng = rng_for("label_smoothing")
+    for eps in (0.0, 0.1, 1.0):
+        z, t = _typical(rng, 6, 5)
+        z[0] = [40.0, -40.0, 0.0, 1.0, 2.0]
+        t[0] = 0
+        yield case("label_smoothing", f"eps={eps}", z, t, {"label_smoothing": eps}, hot=(0,))
+    if focal:
+        z, t = _typical(rng, 6, 5)
+        yield case("label_smoothing", "eps=0.1 gamma=0.5", z, t,
+                   {"label_smoothing": 0.1, "gamma": 0.5})  # fmt: skip
+
+    # ignored targets
+    rng = rng_for("ignored")
+    z, t = _typical(rng, 9, 4)
+    t[[0, 4, 8]] = -100
+    yield case("ignored", "some", z, t)
+    yield case("ignored", "some sum", z, t, {"reduction": "sum"})
+    z[4] = [30.0, -30.0, 0.0, 5.0]
+    yield case("ignored", "ignore_index=2", z, np.where(t == -100, 2, t), {"ignore_index": 2})
+    rng = rng_for("all_ignored")
+    z, _ = _typical(rng, 5, 4)
+    yield case("all_ignored", "mean", z, np.full(5, -100))
+    yield case("all_ignored", "sum", z, np.full(5, -100), {"reduction": "sum"})
+
+    # C = 1, 2 and a large C
+    rng = rng_for("classes")
+    z, t = _typical(rng, 6, 1)
+    yield case("classes", "C=1", z, t)
+    z, t = _typical(rng, 7, 2)
+    z[3] = [25.0, -25.0]
+    yield case("classes", "C=2", z, t, hot=(3,))
+    big = 32771 if not full else 65537
+    z, t = _typical(rng, 2, big)
+    z[1, 7] = 80.0
+    t[1] = 7
+    yield case("classes", f"C={big}", z, t, hot=(1,))
+
+    # extra spatial dims
+    rng = rng_for("spatial")
+    z = rng.standard_normal((2, 3, 5, 4)) * 2
+    t = rng.integers(0, 4, (2, 3, 5))
+    z[1, 2, 3] = [0.0, -50.0, -50.0, -50.0]
+    t[1, 2, 3] = 0
+    yield case("spatial", "2x3x5 C=4", z, t)
+    yield case("spatial", "2x3x5 C=4 none", z, t, {"reduction": "none"})
+    t[0, 1, 1] = -100
+    yield case("spatial", "2x3x5 ignored", z, t)
+
+    # where masks
+    rng = rng_for("where")
+    z, t = _typical(rng, 6, 5)
+    where = rng.random((6, 5)) < 0.7
+    where[np.arange(6), t] = True
+    where[2] = False
+    where[2, t[2]] = True  # one class left: p = 1
+    for eps in (0.0, 0.2):
+        opts = {"where": where, "label_smoothing": eps}
+        if focal:
+            opts["gamma"] = 0.5
+        yield case("where", f"mask eps={eps}", z, t, opts, hot=(2,))
+
+    # option grid
+    rng = rng_for("options")
+    z, t = _typical(rng, 11, 5)
+    z[5] = [60.0, -60.0, 0.0, 0.0, 1.0]
+    t[5] = 0
+    vector = np.array(_WEIGHTS[:5])
+    if focal:
+        alphas = [None, 0.25, np.array([0.25, 0.5, 0.75, 1.0, 0.125])]
+        for gamma in gammas:
+            for alpha in alphas if (full or gamma in (0.0, 0.5)) else alphas[:1]:
+                label = (
+                    f"gamma={gamma} alpha={'vector' if isinstance(alpha, np.ndarray) else alpha}"
+                )
+                yield case("options", label, z, t, {"gamma": gamma, "alpha": alpha}, hot=(5,))
+    else:
+        yield case("options", "weight", z, t, {"weight": vector}, hot=(5,))
+        yield case("options", "weight sum", z, t, {"weight": vector, "reduction": "sum"})
+        yield case("options", "weight eps=0.1", z, t, {"weight": vector, "label_smoothing": 0.1})
+        prob = _soft(rng, 11, 5)
+        yield case("options", "weight prob", z, prob, {"weight": vector})
+
+
+# ----------------------------------------------------------------------------------------------
+# Sigmoid elements
+# ----------------------------------------------------------------------------------------------
+
+
+def _sigmoid_regions(loss: str, dtype: str, level: str, rng_for) -> Iterator[Case]:
+    full = level == "full"
+    focal = loss == "sigmoid_focal_loss"
+    gammas = GAMMAS if full else (0.0, 0.25, 0.5, 2.0)
+    adv_gammas = (gammas if full else (0.0, 0.5, 2.0)) if focal else (None,)
+
+    def case(region, label, x, t, options=None, margin=0.0, hot=()):
+        return Case(loss, region, label, np.asarray(x, float), np.asarray(t, float),
+                    options or {}, margin, tuple(hot))  # fmt: skip
+
+    def focal_opts(gamma):
+        return {} if gamma is None else {"gamma": gamma}
+
+    rng = rng_for("typical")
+    for shape in [(4, 5), (67, 3)] + ([(64, 80)] if full else []):
+        x = rng.standard_normal(shape) * 2
+        t = (rng.random(shape) < 0.5).astype(float)
+        yield case("typical", "x".join(map(str, shape)), x, t)
+        yield case("typical", "x".join(map(str, shape)) + " sum", x, t, {"reduction": "sum"})
+        yield case("typical", "x".join(map(str, shape)) + " none", x, t, {"reduction": "none"})
+
+    for region, sign in (("confident_correct", 1.0), ("confident_wrong", -1.0)):
+        rng = rng_for(region)
+        for gamma in adv_gammas:
+            g = "" if gamma is None else f" gamma={gamma}"
+            ms = margins(dtype, level)
+            t = (np.arange(len(ms)) % 2).astype(float)
+            x = sign * np.array(ms) * (2 * t - 1)
+            for i, m in enumerate(ms):
+                yield case(region, f"margin={m:g}{g}", x[i : i + 1, None], t[i : i + 1, None],
+                           focal_opts(gamma), sign * m, (0,))  # fmt: skip
+            bx = rng.standard_normal((HIDE_IN, 3))
+            bt = (rng.random((HIDE_IN, 3)) < 0.5).astype(float)
+            k = len(ms)
+            bx[HIDE_AT : HIDE_AT + k, 1] = x
+            bt[HIDE_AT : HIDE_AT + k, 1] = t
+            yield case(region, f"hidden{g}", bx, bt, focal_opts(gamma), sign * min(ms),
+                       tuple(range(HIDE_AT, HIDE_AT + k)))  # fmt: skip
+
+    rng = rng_for("near_ties")
+    x = np.array([[0.0, -0.0, 2.0**-30, -(2.0**-30)], [1e-8, -1e-8, 0.0, 0.0]])
+    t = np.array([[1.0, 0.0, 1.0, 0.0], [0.5, 0.5, 0.5, 0.0]])
+    for gamma in adv_gammas[:2] if not full else adv_gammas:
+        yield case("near_ties", f"zero{'' if gamma is None else f' gamma={gamma}'}", x, t,
+                   focal_opts(gamma))  # fmt: skip
+
+    rng = rng_for("soft_targets")
+    for gamma in adv_gammas[:3] if not full else adv_gammas:
+        g = "" if gamma is None else f" gamma={gamma}"
+        x = rng.standard_normal((6, 4)) * 4
+        t = np.round(rng.random((6, 4)) * 16) / 16
+        t[0] = [0.0, 1.0, 0.5, 0.25]
+        x[0] = [-40.0, 40.0, 30.0, -30.0]
+        t[1] = [0.5, 0.5, 0.0, 1.0]
+        x[1] = [1e3, -1e3, 0.0, 0.0]
+        yield case("soft_targets", f"zeros{g}", x, t, focal_opts(gamma), 0.0, (0, 1))
+        bx = rng.standard_normal((HIDE_IN, 4))
+        bt = np.round(rng.random((HIDE_IN, 4)) * 16) / 16
+        bx[HIDE_AT : HIDE_AT + 6] = x
+        bt[HIDE_AT : HIDE_AT + 6] = t
+        yield case("soft_targets", f"hidden{g}", bx, bt, focal_opts(gamma), 0.0,
+                   (HIDE_AT, HIDE_AT + 1))  # fmt: skip
+
+    rng = rng_for("spatial")
+    x = rng.standard_normal((2, 3, 4, 5)) * 3
+    t = (rng.random((2, 3, 4, 5)) < 0.3).astype(float)
+    yield case("spatial", "2x3x4x5", x, t)
+
+    rng = rng_for("options")
+    x = rng.standard_normal((7, 4)) * 3
+    x[3] = [50.0, -50.0, 20.0, -20.0]
+    t = (rng.random((7, 4)) < 0.5).astype(float)
+    t[3] = [1.0, 0.0, 0.0, 1.0]
+    if focal:
+        for gamma in gammas:
+            for alpha in (None, 0.25) if (full or gamma in (0.0, 0.5)) else (None,):
+                yield case("options", f"gamma={gamma} alpha={alpha}", x, t,
+                           {"gamma": gamma, "alpha": alpha}, hot=(3,))  # fmt: skip
+    else:
+        w = np.array(_WEIGHTS[:4])
+        yield case("options", "weight", x, t, {"weight": np.tile(w, (7, 1))}, hot=(3,))
+        yield case("options", "pos_weight", x, t, {"pos_weight": w}, hot=(3,))
+        yield case("options", "both sum", x, t, {"weight": np.tile(w[::-1], (7, 1)),
+                                                 "pos_weight": w, "reduction": "sum"})  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# Entry point
+# ----------------------------------------------------------------------------------------------
+
+
+def make_cases(
+    loss: str,
+    dtype: str,
+    *,
+    level: str = "quick",
+    regions: Any = None,
+    skip: Any = (),
+    seed: int = 0,
+) -> list[Case]:
+    """Every case of `loss` for `dtype`; deterministic (each region has its own fixed seed).
+
+    Args:
+      loss: a spec loss name.
+      dtype: 'float64', 'float32', 'float16' or 'bfloat16' (sets the margin range).
+      level: 'quick' or 'full' (more margins, gammas, shapes).
+      regions: only these region names (None: all).
+      skip: region names to leave out.
+      seed: base seed; region r uses seed + its index in ``REGIONS``.
+    """
+    if loss not in LOSSES:
+        raise ValueError(f"`loss` must be one of {LOSSES}. Received: loss={loss!r}.")
+    if level not in ("quick", "full"):
+        raise ValueError(f"`level` must be 'quick' or 'full'. Received: level={level!r}.")
+
+    def rng_for(region):
+        return np.random.default_rng(seed + REGIONS.index(region))
+
+    make = _softmax_regions if loss in SOFTMAX_LOSSES else _sigmoid_regions
+    out = []
+    for case in make(loss, dtype, level, rng_for):
+        if regions is not None and case.region not in regions:
+            continue
+        if case.region in skip:
+            continue
+        if case.index_targets:
+            case.targets = case.targets.astype(np.int64)
+        out.append(case)
+    return out

@@ -1,0 +1,436 @@
+"""The parity run: loss x implementation x dtype x device x mode x case, each judged by the spec.
+
+``run_matrix`` returns a ``RunResult``: one ``Record`` per judged call, the failures with a
+minimal reproducer each, and cross-backend / cross-device diagnostics (differences between
+implementations on the same rounded inputs; informative, never a failure by themselves).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import backends as B
+from .cases import LOSSES, Case, make_cases
+from .tolerance import judge as _judge
+from .tolerance import ulp
+
+
+@dataclass
+class Record:
+    loss: str
+    impl: str
+    backend: str
+    device: str
+    mode: str
+    dtype: str
+    region: str
+    case: str
+    kind: str  # ok | non-finite | accuracy | error | skipped
+    value_ulp: float = 0.0
+    grad_ulp: float = 0.0
+    ratio: float = 0.0
+    margin: float = 0.0
+    gamma: float = 0.0
+    value: Any = None  # the received (reduced) value, for the diagnostics
+
+
+@dataclass
+class Failure:
+    """One failing call, shrunk to a minimal input where the batch allowed it."""
+
+    kind: str
+    loss: str
+    impl: str
+    backend: str
+    device: str
+    mode: str
+    dtype: str
+    case: str
+    problems: list[str]
+    options: dict
+    logits: Any
+    targets: Any
+    expected_value: Any
+    received_value: Any
+    expected_grad: Any
+    received_grad: Any
+    reproducer: str
+
+    def describe(self) -> str:
+        lines = [
+            f"[{self.kind}] {self.impl}.{self.loss} {self.dtype} {self.device} {self.mode} "
+            f"case {self.case}",
+        ]
+        lines += [f"    {p}" for p in self.problems]
+        lines.append(f"    options: {_short(self.options)}")
+        lines.append(f"    logits: {_short(self.logits)}  targets: {_short(self.targets)}")
+        expected, received = _short(self.expected_value), _short(self.received_value)
+        lines.append(f"    expected value {expected}, received {received}")
+        if self.expected_grad is not None:
+            expected, received = _short(self.expected_grad), _short(self.received_grad)
+            lines.append(f"    expected grad {expected}, received {received}")
+        lines.append(f"    reproduce: {self.reproducer}")
+        return "\n".join(lines)
+
+
+def _short(value, limit=160) -> str:
+    if isinstance(value, dict):
+        text = "{" + ", ".join(f"{k}={_short(v, 60)}" for k, v in value.items()) + "}"
+    elif isinstance(value, np.ndarray):
+        text = np.array2string(value, precision=6, threshold=12, max_line_width=10_000)
+        text = text.replace("\n", "")
+    else:
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+@dataclass
+class RunResult:
+    records: list[Record] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+    diagnostics: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures and not any(r.kind == "error" for r in self.records)
+
+    def to_json(self) -> dict:
+        return {
+            "ok": self.ok,
+            "config": self.config,
+            "seconds": self.seconds,
+            "notes": self.notes,
+            "records": [_jsonable(asdict(r)) for r in self.records],
+            "failures": [_jsonable(asdict(f)) for f in self.failures],
+            "diagnostics": _jsonable(self.diagnostics),
+        }
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, (np.floating, float)):
+        value = float(value)
+        if value != value or value in (np.inf, -np.inf):
+            return str(value)
+        return value
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    return value
+
+
+# ----------------------------------------------------------------------------------------------
+# One call, judged
+# ----------------------------------------------------------------------------------------------
+
+
+def judge_outcome(prep: B.Prepared, outcome: B.Outcome):
+    return _judge(
+        prep.case.loss,
+        prep.ref_logits,
+        prep.ref_targets,
+        prep.options,
+        prep.dtype,
+        outcome.value,
+        outcome.grad,
+    )
+
+
+def evaluate(impl: B.Implementation, prep: B.Prepared, device: Any, compiled: bool):
+    """(kind, judgement or None, outcome)."""
+    outcome = B.run_case(impl, prep, device, compiled)
+    if outcome.skipped:
+        return "skipped", None, outcome
+    if outcome.error is not None:
+        return "error", None, outcome
+    try:
+        judgement = judge_outcome(prep, outcome)
+    except Exception as error:  # noqa: BLE001 - e.g. a wrong output shape
+        outcome.error = f"could not judge the output: {type(error).__name__}: {error}"
+        return "error", None, outcome
+    return judgement.kind, judgement, outcome
+
+
+def minimise(impl, prep, device, compiled, kind) -> tuple[B.Prepared, Any, B.Outcome]:
+    """The smallest failing input found among the case's single rows (hot rows first)."""
+    case = prep.case
+    n = case.logits.shape[0] if case.logits.ndim >= 2 else 1
+    if n <= 1:
+        return prep, None, None
+    order = list(case.hot_rows) + [i for i in range(min(n, 96)) if i not in case.hot_rows]
+    fallback = None
+    for i in order:
+        small = B.prepare(case.rows(i), prep.dtype)
+        got, judgement, outcome = evaluate(impl, small, device, compiled)
+        if got == kind:
+            return small, judgement, outcome
+        if got not in ("ok", "skipped") and fallback is None:
+            fallback = (small, judgement, outcome)
+    return fallback if fallback else (prep, None, None)
+
+
+def make_failure(impl, prep, device_label, mode, kind, judgement, outcome) -> Failure:
+    if judgement is not None:
+        problems = judgement.nonfinite + judgement.inaccurate
+        expected_value, received_value = judgement.expected_value, judgement.received_value
+        expected_grad, received_grad = judgement.expected_grad, judgement.received_grad
+    else:
+        problems = [outcome.error or "failed"]
+        expected_value = received_value = expected_grad = received_grad = None
+    return Failure(
+        kind=kind,
+        loss=prep.case.loss,
+        impl=impl.name,
+        backend=impl.backend,
+        device=device_label,
+        mode=mode,
+        dtype=prep.dtype,
+        case=prep.case.name,
+        problems=problems,
+        options=prep.options,
+        logits=prep.ref_logits,
+        targets=prep.ref_targets,
+        expected_value=expected_value,
+        received_value=received_value,
+        expected_grad=expected_grad,
+        received_grad=received_grad,
+        reproducer=B.reproducer(impl, prep),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The matrix
+# ----------------------------------------------------------------------------------------------
+
+
+class Progress:
+    """A one-line progress bar on stderr (a line per 10% when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total = max(total, 1)
+        self.done = 0
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.start = time.monotonic()
+        self.last_decile = -1
+
+    def step(self, label: str, count: int = 1) -> None:
+        self.done += count
+        if not self.enabled:
+            return
+        fraction = min(self.done / self.total, 1.0)
+        elapsed = time.monotonic() - self.start
+        if self.tty:
+            bar = "#" * int(30 * fraction) + "." * (30 - int(30 * fraction))
+            sys.stderr.write(
+                f"\r[{bar}] {100 * fraction:5.1f}% {self.done}/{self.total} {elapsed:5.0f}s "
+                f"{label[:60]:<60}"
+            )
+            sys.stderr.flush()
+        elif int(10 * fraction) > self.last_decile:
+            self.last_decile = int(10 * fraction)
+            sys.stderr.write(f"parity: {100 * fraction:3.0f}% ({elapsed:.0f}s) {label}\n")
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")
+
+
+def _compiled_subset(cases: list[Case], level: str, dtype: str) -> set[int]:
+    """Which cases also run in the backend's second mode: with level 'full', the first of each
+    region and the hidden batches; with 'quick', float32 only, the first typical case and the
+    first hidden batch of each region (JAX's eager mode compiles every primitive per shape)."""
+    chosen, seen = set(), set()
+    if level == "quick" and dtype != "float32":
+        return chosen
+    for i, case in enumerate(cases):
+        if level == "full":
+            if case.region not in seen or "hidden" in case.label:
+                chosen.add(i)
+            seen.add(case.region)
+        elif (case.region == "typical" and not seen) or (
+            "hidden" in case.label and case.region not in seen
+        ):
+            chosen.add(i)
+            seen.add(case.region)
+    return chosen
+
+
+def run_matrix(
+    implementations: list[B.Implementation],
+    *,
+    dtypes=B.DTYPES,
+    devices: list[str] | None = None,
+    level: str = "quick",
+    losses=LOSSES,
+    regions=None,
+    skip=(),
+    jit: bool = True,
+    torch_compile: bool | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Runs every implementation on every case of its loss, dtype, device and mode.
+
+    Modes: every case runs in the backend's main mode (torch eager, jax.jit: JAX's eager mode
+    compiles each primitive for each new shape, slower than one jit per shape), and a subset
+    (the first case of each region) in the other ('eager' for JAX, 'compile' for torch); with
+    level 'full' both JAX modes run every case. torch.compile runs only with level 'full' unless
+    `torch_compile` says otherwise: it takes seconds per shape on a CPU.
+    """
+    started = time.monotonic()
+    result = RunResult(config={
+        "implementations": [i.name for i in implementations], "dtypes": list(dtypes),
+        "devices": devices, "level": level, "losses": list(losses),
+    })  # fmt: skip
+    if torch_compile is None:
+        torch_compile = level == "full"
+    plan = []  # (impl, device_label, device, mode)
+    for impl in implementations:
+        result.notes += impl.notes
+        if impl.fn is None or impl.loss not in losses:
+            continue
+        try:
+            pairs = B.devices_for(impl.backend, devices)
+        except Exception as error:  # noqa: BLE001
+            result.notes.append(f"{impl.backend}: no devices ({error})")
+            continue
+        if not pairs:
+            result.notes.append(f"{impl.name}: none of the devices {devices} found")
+        for label, device in pairs:
+            plan.append((impl, label, device, "eager"))
+            if impl.backend == "jax" and jit:
+                plan.insert(len(plan) - 1, (impl, label, device, "jit"))
+            if impl.backend == "torch" and torch_compile:
+                plan.append((impl, label, device, "compile"))
+    cases_by = {}
+    for impl, _, _, _ in plan:
+        for dtype in dtypes:
+            key = (impl.loss, dtype)
+            if key not in cases_by:
+                cases_by[key] = make_cases(
+                    impl.loss, dtype, level=level, regions=regions, skip=skip
+                )
+
+    def subset(cases, impl, mode, dtype):
+        """Every case in the main mode of the backend, a subset in the others."""
+        main = "jit" if impl.backend == "jax" and jit else "eager"
+        if mode == main or level == "full" and mode != "compile":
+            return range(len(cases))
+        return sorted(_compiled_subset(cases, level, dtype))
+
+    total = 0
+    for impl, _, _, mode in plan:
+        for dtype in dtypes:
+            total += len(subset(cases_by[(impl.loss, dtype)], impl, mode, dtype))
+    bar = Progress(total, enabled=progress)
+    prepared = {}
+    values = {}  # (loss, dtype, case) -> {(impl, device, mode): value}
+    for impl, label, device, mode in plan:
+        for dtype in dtypes:
+            cases = cases_by[(impl.loss, dtype)]
+            for i in subset(cases, impl, mode, dtype):
+                case = cases[i]
+                key = (impl.loss, dtype, i)
+                if key not in prepared:
+                    prepared[key] = B.prepare(case, dtype)
+                prep = prepared[key]
+                compiled = mode != "eager"
+                kind, judgement, outcome = evaluate(impl, prep, device, compiled)
+                bar.step(f"{impl.name} {impl.loss} {dtype} {label} {mode}")
+                if kind == "skipped":
+                    continue
+                record = Record(
+                    impl.loss, impl.name, impl.backend, label, mode, dtype, case.region,
+                    case.name, kind, margin=case.margin, gamma=case.gamma,
+                )  # fmt: skip
+                if judgement is not None:
+                    record.value_ulp = judgement.worst_value_ulp
+                    record.grad_ulp = judgement.worst_grad_ulp
+                    record.ratio = judgement.worst_ratio
+                    values.setdefault((impl.loss, dtype, case.name), {})[
+                        (impl.name, impl.backend, label, mode)
+                    ] = (outcome.value, outcome.grad)
+                result.records.append(record)
+                if kind != "ok":
+                    small, small_judgement, small_outcome = minimise(
+                        impl, prep, device, compiled, kind
+                    )
+                    if small_outcome is None:
+                        small, small_judgement, small_outcome = prep, judgement, outcome
+                    result.failures.append(
+                        make_failure(
+                            impl, small, label, mode, kind, small_judgement, small_outcome
+                        )  # fmt: skip
+                    )
+    bar.close()
+    result.diagnostics = _diagnostics(values)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _diagnostics(values) -> list[dict]:
+    """Largest differences between implementations / devices / modes on the same inputs, in ULPs
+    of the dtype at the largest entry of the value (or gradient) array, one entry per (loss,
+    dtype, pair), worst case named."""
+    worst = {}
+    for (loss, dtype, case), by_impl in values.items():
+        keys = sorted(by_impl)
+        for a_i in range(len(keys)):
+            for b_i in range(a_i + 1, len(keys)):
+                a, b = keys[a_i], keys[b_i]
+                (va, ga), (vb, gb) = by_impl[a], by_impl[b]
+                diff = 0.0
+                for x, y in ((va, vb), (ga, gb)):
+                    if x is None or y is None or np.shape(x) != np.shape(y):
+                        continue
+                    x = np.asarray(x, float)
+                    y = np.asarray(y, float)
+                    with np.errstate(all="ignore"):
+                        both = np.isfinite(x) & np.isfinite(y)
+                        # ULPs at the array's largest entry: tiny entries do not blow up
+                        top = np.max(np.where(both, np.maximum(abs(x), abs(y)), 0.0), initial=0.0)
+                        d = np.where(both, np.abs(x - y), 0.0) / ulp(top, dtype)
+                        mismatch = (~both) & ~((np.isnan(x) & np.isnan(y)) | (x == y))
+                    diff = max(diff, float(np.max(d, initial=0.0)))
+                    if mismatch.any():
+                        diff = float("inf")
+                pair = (loss, dtype, " vs ".join("/".join(k) for k in (a, b)))
+                if diff > worst.get(pair, (-1.0, ""))[0]:
+                    worst[pair] = (diff, case)
+    out = [
+        {"loss": loss, "dtype": dtype, "pair": pair, "max_ulp": diff, "case": case}
+        for (loss, dtype, pair), (diff, case) in worst.items()
+    ]
+    out.sort(key=lambda d: -d["max_ulp"])
+    return out
+
+
+def default_implementations(backends=B.BACKENDS, losses=LOSSES, peers: bool = False):
+    """dualloss's own backends for each loss (and the public peers when `peers`)."""
+    impls = []
+    for backend in backends:
+        try:
+            __import__(backend)
+        except ImportError:
+            continue
+        for loss in losses:
+            impls.append(B.ours(backend, loss))
+    if peers:
+        from .peers import available_peers
+
+        impls += [p for p in available_peers(backends) if p.loss in losses]
+    return impls
