@@ -1,0 +1,1 @@
+"""Benchmarks of dualloss against the peer loss a user would otherwise call."""
