@@ -539,10 +539,10 @@ def _sigmoid_focal_terms(x, t, alpha, gamma):
         alpha_t = np.ones_like(x)
     else:
         alpha_t = alpha * t + (1.0 - alpha) * (1.0 - t)
-    # r = p (1 - p) / (1 - p_t) <= 1
+    # r = p (1 - p) / (1 - p_t) <= 1; ce * r stays O(1) where gamma * ce alone overflows
     r = np.exp(log_p + log_not_p - log_not_pt)
     loss = alpha_t * focal_weight * ce
-    grad = alpha_t * focal_weight * (p_minus_t + gamma * ce * (1.0 - 2.0 * t) * r)
+    grad = alpha_t * focal_weight * (p_minus_t + gamma * (ce * r) * (1.0 - 2.0 * t))
     return loss, grad
 
 
