@@ -145,7 +145,9 @@ def _log_softmax(z):
     runner_up = np.where(np.isfinite(runner_up), runner_up, 0.0)
     log_s = runner_up + np.log(np.sum(np.exp(others - runner_up), axis=-1, keepdims=True))
     log_p = shifted - log1p_s
-    p = np.exp(log_p)
+    # p = exp(z - z_top) / (1 + s): within ~1 ULP, where exp(log p) would multiply the absolute
+    # error of log p by |log p| (1.5 ULP at p = 1/3, 2.7 ULP in the focal gradient there)
+    p = np.exp(shifted) / (1.0 + s)
     # 1 - p_top = s / (1 + s), never formed as 1 - p
     not_p = np.where(is_top, s / (1.0 + s), 1.0 - p)
     log_not_p = np.where(is_top, log_s - log1p_s, np.log1p(-p))
