@@ -9,8 +9,9 @@ torch:
   softmax_focal_loss     kornia.losses.focal_loss (alpha weights class 0 by 1 - alpha and the
                          others by alpha; ours weights every class by alpha: same cost)
   sigmoid_cross_entropy  torch.nn.functional.binary_cross_entropy_with_logits
-  sigmoid_focal_loss     torchvision.ops.sigmoid_focal_loss, its formula copied (torchvision cannot
-                         be installed next to this torch build)
+  sigmoid_focal_loss     torchvision.ops.sigmoid_focal_loss, its formula as in
+                         ``dualloss.parity.peers`` (torchvision cannot be installed next to this
+                         torch build)
 JAX (the benchmark jits value_and_grad of both):
   softmax_cross_entropy  optax.softmax_cross_entropy_with_integer_labels(...).mean()
   softmax_focal_loss     a log_softmax-based focal loss, as a user would write it (below)
@@ -21,22 +22,18 @@ JAX (the benchmark jits value_and_grad of both):
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
-LOSSES = (
-    "softmax_cross_entropy",
-    "softmax_focal_loss",
-    "sigmoid_cross_entropy",
-    "sigmoid_focal_loss",
-)
+from dualloss import losses
+from dualloss.parity.peers import torchvision_sigmoid_focal
 
-# Loss settings shared by candidate and peer: the defaults of the focal-loss papers.
-GAMMA = 2.0
-ALPHA = 0.25
+LOSSES = losses.NAMES
+
+# Loss settings shared by candidate and peer: the defaults of the focal-loss papers (registry).
+GAMMA = losses.SOFTMAX_FOCAL_LOSS.benchmark_options["gamma"]
+ALPHA = losses.SOFTMAX_FOCAL_LOSS.benchmark_options["alpha"]
 SETTINGS: dict[str, dict[str, float]] = {
-    "softmax_cross_entropy": {},
-    "softmax_focal_loss": {"gamma": GAMMA, "alpha": ALPHA},
-    "sigmoid_cross_entropy": {},
-    "sigmoid_focal_loss": {"gamma": GAMMA, "alpha": ALPHA},
+    info.name: info.benchmark_options for info in losses.LOSSES
 }
 
 PEER_NAMES = {
@@ -56,21 +53,6 @@ PEER_NAMES = {
 # ----------------------------------------------------------------------------------------------
 
 
-def torchvision_sigmoid_focal_loss(inputs, targets, alpha: float = 0.25, gamma: float = 2.0):
-    """torchvision.ops.sigmoid_focal_loss with reduction='mean', formula copied verbatim."""
-    import torch
-    import torch.nn.functional as F
-
-    p = torch.sigmoid(inputs)
-    ce_loss = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
-    p_t = p * targets + (1 - p) * (1 - targets)
-    loss = ce_loss * ((1 - p_t) ** gamma)
-    if alpha >= 0:
-        alpha_t = alpha * targets + (1 - alpha) * (1 - targets)
-        loss = alpha_t * loss
-    return loss.mean()
-
-
 def torch_peers() -> dict[str, Callable]:
     """Peer callables ``f(logits, targets) -> scalar`` for torch, class dim 1."""
     import kornia.losses
@@ -87,7 +69,7 @@ def torch_peers() -> dict[str, Callable]:
         return F.binary_cross_entropy_with_logits(logits, targets)
 
     def sigmoid_focal_loss(logits, targets):
-        return torchvision_sigmoid_focal_loss(logits, targets, alpha=ALPHA, gamma=GAMMA)
+        return torchvision_sigmoid_focal(logits, targets, gamma=GAMMA, alpha=ALPHA)
 
     return {
         "softmax_cross_entropy": softmax_cross_entropy,
@@ -98,26 +80,13 @@ def torch_peers() -> dict[str, Callable]:
 
 
 def torch_candidates() -> dict[str, Callable]:
-    """dualloss.torch_impl callables with the same settings and calling convention as the peers."""
+    """dualloss.torch_impl callables with the same settings and calling convention as the peers
+    (class axis: the backend's default)."""
     from dualloss import torch_impl
 
-    def softmax_cross_entropy(logits, targets):
-        return torch_impl.softmax_cross_entropy(logits, targets, axis=1)
-
-    def softmax_focal_loss(logits, targets):
-        return torch_impl.softmax_focal_loss(logits, targets, axis=1, gamma=GAMMA, alpha=ALPHA)
-
-    def sigmoid_cross_entropy(logits, targets):
-        return torch_impl.sigmoid_cross_entropy(logits, targets)
-
-    def sigmoid_focal_loss(logits, targets):
-        return torch_impl.sigmoid_focal_loss(logits, targets, gamma=GAMMA, alpha=ALPHA)
-
     return {
-        "softmax_cross_entropy": softmax_cross_entropy,
-        "softmax_focal_loss": softmax_focal_loss,
-        "sigmoid_cross_entropy": sigmoid_cross_entropy,
-        "sigmoid_focal_loss": sigmoid_focal_loss,
+        info.name: partial(getattr(torch_impl, info.name), **info.benchmark_options)
+        for info in losses.LOSSES
     }
 
 
@@ -163,24 +132,11 @@ def jax_peers() -> dict[str, Callable]:
 
 
 def jax_candidates() -> dict[str, Callable]:
-    """dualloss.jax_impl callables with the same settings and calling convention as the peers."""
+    """dualloss.jax_impl callables with the same settings and calling convention as the peers
+    (class axis: the backend's default)."""
     from dualloss import jax_impl
 
-    def softmax_cross_entropy(logits, targets):
-        return jax_impl.softmax_cross_entropy(logits, targets, axis=-1)
-
-    def softmax_focal_loss(logits, targets):
-        return jax_impl.softmax_focal_loss(logits, targets, axis=-1, gamma=GAMMA, alpha=ALPHA)
-
-    def sigmoid_cross_entropy(logits, targets):
-        return jax_impl.sigmoid_cross_entropy(logits, targets)
-
-    def sigmoid_focal_loss(logits, targets):
-        return jax_impl.sigmoid_focal_loss(logits, targets, gamma=GAMMA, alpha=ALPHA)
-
     return {
-        "softmax_cross_entropy": softmax_cross_entropy,
-        "softmax_focal_loss": softmax_focal_loss,
-        "sigmoid_cross_entropy": sigmoid_cross_entropy,
-        "sigmoid_focal_loss": sigmoid_focal_loss,
+        info.name: partial(getattr(jax_impl, info.name), **info.benchmark_options)
+        for info in losses.LOSSES
     }

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from benchmarks import peers
+from dualloss.losses import get as loss_info
 
 DEFAULT_SHAPES = ((4096, 1000), (512, 32000), (65536, 10))
 TINY_SHAPES = ((64, 10), (16, 100))
@@ -112,7 +113,7 @@ def make_inputs(loss: str, shape: tuple[int, int], seed: int = 0):
     rng = np.random.default_rng(seed)
     n, c = shape
     logits = (2.0 * rng.standard_normal((n, c))).astype(np.float32)
-    if loss.startswith("softmax"):
+    if loss_info(loss).is_softmax:
         targets = rng.integers(0, c, size=(n,))
     else:
         targets = (rng.random((n, c)) < 0.1).astype(np.float32)
@@ -342,7 +343,7 @@ def bench_jax(losses, shapes, reps, warmup, candidates, peer_fns, log, errors=No
             logits_np, targets_np = make_inputs(loss, shape)
             logits = jnp.asarray(logits_np)
             targets = jnp.asarray(
-                targets_np.astype(np.int32) if loss.startswith("softmax") else targets_np
+                targets_np.astype(np.int32) if loss_info(loss).is_softmax else targets_np
             )
             cand = jax.jit(jax.value_and_grad(candidates[loss]))
             peer = jax.jit(jax.value_and_grad(peer_fns[loss]))
@@ -648,7 +649,7 @@ def profile_jax(losses, shape, candidates, peer_fns) -> str:
         logits_np, targets_np = make_inputs(loss, shape)
         logits = jnp.asarray(logits_np)
         targets = jnp.asarray(
-            targets_np.astype(np.int32) if loss.startswith("softmax") else targets_np
+            targets_np.astype(np.int32) if loss_info(loss).is_softmax else targets_np
         )
         for name, fn in (
             ("dualloss", candidates[loss]),

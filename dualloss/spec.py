@@ -22,7 +22,7 @@ All computations happen in float64 whatever the input dtype; results are float64
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -37,6 +37,14 @@ __all__ = [
     "sigmoid_cross_entropy_grad",
     "sigmoid_focal_loss",
     "sigmoid_focal_loss_grad",
+    "softmax_cross_entropy_intermediates",
+    "softmax_focal_loss_intermediates",
+    "sigmoid_cross_entropy_intermediates",
+    "sigmoid_focal_loss_intermediates",
+    "SoftmaxTerms",
+    "SoftmaxIntermediates",
+    "SigmoidFocalTerms",
+    "SigmoidIntermediates",
 ]
 
 ArrayLike = Any
@@ -113,6 +121,42 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     else:
         class_weight = np.broadcast_to(_as_array(vector).astype(np.float64), (num_classes,))
     return z, t, keep, valid, kind == "index", class_weight, axis
+
+
+class SoftmaxTerms(NamedTuple):
+    """What ``_softmax_focal_terms`` computes per element, class axis last (float64).
+
+    `loss` and `grad` are the loss and its gradient; the rest are the intermediates the parity
+    judge sizes its error model with: log p, log(1 - p), p, the focal weight (1 - p)^gamma
+    (ones for gamma = 0) and v = a (1 - p)^gamma (1 - gamma phi(p)) (v = a for gamma = 0).
+    """
+
+    loss: np.ndarray
+    grad: np.ndarray
+    log_p: np.ndarray
+    log_not_p: np.ndarray
+    p: np.ndarray
+    focal_weight: np.ndarray
+    v: np.ndarray
+
+
+class SoftmaxIntermediates(NamedTuple):
+    """``softmax_intermediates``: a softmax loss before its reduction (class axis last).
+
+    `terms` as ``SoftmaxTerms`` with ignored elements and masked classes already zeroed in
+    `terms.loss` / `terms.grad`; `z` the logits with masked classes at -inf, `a` the target mass
+    class_weight * t~, `keep` the non-ignored elements, `valid` the classes inside `where`,
+    `denominator` the divisor of reduction 'mean' (torch semantics, 0 when nothing is kept),
+    `axis` the class axis of the input layout.
+    """
+
+    terms: SoftmaxTerms
+    z: np.ndarray
+    a: np.ndarray
+    keep: np.ndarray
+    valid: np.ndarray
+    denominator: float
+    axis: int
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,7 +242,7 @@ def _softmax_focal_terms(z, a, gamma):
     # 0 * log1p(s) is that 0, or NaN when a NaN or +inf logit made the row NaN (never hidden)
     loss = -np.sum(np.where(a == 0.0, 0.0 * log1p_s, a * focal_weight * log_p), axis=-1)
     grad = p * _sum_except_self(v) - not_p * v
-    return loss, grad
+    return SoftmaxTerms(loss, grad, log_p, log_not_p, p, focal_weight, v)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -240,14 +284,25 @@ def _softmax(
         weight, alpha = None, class_weight_arg
     else:
         weight, alpha = class_weight_arg, None
+    elements = _softmax_elements(
+        logits, targets, axis, weight, alpha, gamma, is_focal, ignore_index, label_smoothing, where
+    )
+    loss, grad = _reduce(elements.terms.loss, elements.terms.grad, reduction, elements.denominator)
+    return loss, np.moveaxis(grad, -1, elements.axis)
+
+
+def _softmax_elements(
+    logits, targets, axis, weight, alpha, gamma, is_focal, ignore_index, label_smoothing, where
+):
+    """The per-element half of ``_softmax``: a ``SoftmaxIntermediates``."""
     z, t, keep, valid, is_index, class_weight, axis = _softmax_inputs(
         logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where
     )
     a = class_weight * t
-    loss, grad = _softmax_focal_terms(z, a, gamma)
+    terms = _softmax_focal_terms(z, a, gamma)
     # ignored elements give 0 and no gradient, whatever their logits; masked classes no gradient
-    loss = np.where(keep, loss, 0.0)
-    grad = np.where(keep[..., None] & valid, grad, 0.0)
+    loss = np.where(keep, terms.loss, 0.0)
+    grad = np.where(keep[..., None] & valid, terms.grad, 0.0)
     if is_index and not is_focal:
         # torch: the weighted mean divides by the weights of the kept targets
         targets = np.where(keep, _as_array(targets), 0)
@@ -256,8 +311,8 @@ def _softmax(
         denominator = np.sum(keep)
     else:
         denominator = keep.size
-    loss, grad = _reduce(loss, grad, reduction, denominator)
-    return loss, np.moveaxis(grad, -1, axis)
+    terms = terms._replace(loss=loss, grad=grad)
+    return SoftmaxIntermediates(terms, z, a, keep, valid, float(denominator), axis)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -398,6 +453,36 @@ def softmax_focal_loss_grad(
         logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
     )
     return grad
+
+
+class SigmoidFocalTerms(NamedTuple):
+    """What ``_sigmoid_focal_terms`` computes per element: the loss, its gradient, and the
+    intermediates the parity judge sizes its error model with: the focal weight (1 - p_t)^gamma,
+    log(1 - p_t), and alpha_t (ones for alpha None)."""
+
+    loss: np.ndarray
+    grad: np.ndarray
+    focal_weight: np.ndarray
+    log_not_pt: np.ndarray
+    alpha_t: np.ndarray
+
+
+class SigmoidIntermediates(NamedTuple):
+    """``sigmoid_*_intermediates``: a sigmoid loss before its reduction, logits shape.
+
+    `loss` and `grad` per element (weights applied); `x`, `t`, `w`, `q` the logits, targets,
+    weight and pos_weight in float64 (ones where not given); `focal` the ``SigmoidFocalTerms``
+    of the focal loss (None for cross entropy); `denominator` the divisor of reduction 'mean'.
+    """
+
+    loss: np.ndarray
+    grad: np.ndarray
+    x: np.ndarray
+    t: np.ndarray
+    w: np.ndarray
+    q: np.ndarray
+    focal: SigmoidFocalTerms | None
+    denominator: float
 
 
 # ----------------------------------------------------------------------------------------------
@@ -545,7 +630,7 @@ def _sigmoid_focal_terms(x, t, alpha, gamma):
     r = np.exp(log_p + log_not_p - log_not_pt)
     loss = alpha_t * focal_weight * ce
     grad = alpha_t * focal_weight * (p_minus_t + gamma * (ce * r) * (1.0 - 2.0 * t))
-    return loss, grad
+    return SigmoidFocalTerms(loss, grad, focal_weight, log_not_pt, alpha_t)
 
 
 @np.errstate(divide="ignore", invalid="ignore", over="ignore")
@@ -554,8 +639,8 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     gamma = _checks.gamma(gamma)
     _checks.focal_alpha(alpha, None)
     x, t, _, _ = _sigmoid_inputs(logits, targets, None, None)
-    loss, grad = _sigmoid_focal_terms(x, t, alpha, gamma)
-    return _sigmoid_reduce(loss, grad, reduction)
+    terms = _sigmoid_focal_terms(x, t, alpha, gamma)
+    return _sigmoid_reduce(terms.loss, terms.grad, reduction)
 
 
 def sigmoid_focal_loss(
@@ -609,3 +694,82 @@ def sigmoid_focal_loss_grad(
     """
     _, grad = _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
     return grad
+
+
+# ----------------------------------------------------------------------------------------------
+# Intermediates: what the parity judge needs to size its error model (spec only)
+# ----------------------------------------------------------------------------------------------
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def softmax_cross_entropy_intermediates(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    axis: int = -1,
+    weight: ArrayLike | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    where: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> SoftmaxIntermediates:
+    """``softmax_cross_entropy`` before its reduction: a ``SoftmaxIntermediates`` (float64)."""
+    _checks.reduction(reduction)
+    return _softmax_elements(
+        logits, targets, axis, weight, None, 0.0, False, ignore_index, label_smoothing, where
+    )
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def softmax_focal_loss_intermediates(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    axis: int = -1,
+    gamma: float = 2.0,
+    alpha: ArrayLike | float | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    where: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> SoftmaxIntermediates:
+    """``softmax_focal_loss`` before its reduction: a ``SoftmaxIntermediates`` (float64)."""
+    _checks.reduction(reduction)
+    gamma = _checks.gamma(gamma)
+    return _softmax_elements(
+        logits, targets, axis, None, alpha, gamma, True, ignore_index, label_smoothing, where
+    )
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def sigmoid_cross_entropy_intermediates(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    weight: ArrayLike | None = None,
+    pos_weight: ArrayLike | None = None,
+    reduction: str = "mean",
+) -> SigmoidIntermediates:
+    """``sigmoid_cross_entropy`` before its reduction: a ``SigmoidIntermediates`` (float64)."""
+    _checks.reduction(reduction)
+    x, t, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
+    loss, grad = _sigmoid_terms(x, t, q)
+    return SigmoidIntermediates(w * loss, w * grad, x, t, w, q, None, float(loss.size))
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def sigmoid_focal_loss_intermediates(
+    logits: ArrayLike,
+    targets: ArrayLike,
+    *,
+    gamma: float = 2.0,
+    alpha: float | None = None,
+    reduction: str = "mean",
+) -> SigmoidIntermediates:
+    """``sigmoid_focal_loss`` before its reduction: a ``SigmoidIntermediates`` (float64)."""
+    _checks.reduction(reduction)
+    gamma = _checks.gamma(gamma)
+    _checks.focal_alpha(alpha, None)
+    x, t, w, q = _sigmoid_inputs(logits, targets, None, None)
+    terms = _sigmoid_focal_terms(x, t, alpha, gamma)
+    return SigmoidIntermediates(terms.loss, terms.grad, x, t, w, q, terms, float(x.size))

@@ -6,6 +6,8 @@ import numpy as np
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from dualloss import losses
+
 # moderate logits: central finite differences stay meaningful (see test_spec_properties.py)
 LOGIT_BOUND = 20.0
 
@@ -81,19 +83,19 @@ def softmax_options(draw, num_classes: int, focal: bool):
 @st.composite
 def softmax_calls(draw, soft=None):
     """(name, logits, targets, kwargs) for one of the two softmax losses."""
-    name = draw(st.sampled_from(["softmax_cross_entropy", "softmax_focal_loss"]))
+    name = draw(st.sampled_from([info.name for info in losses.of_family("softmax")]))
     z, targets = draw(softmax_problems(soft=soft))
-    kwargs = draw(softmax_options(z.shape[-1], focal=name == "softmax_focal_loss"))
+    kwargs = draw(softmax_options(z.shape[-1], focal=losses.get(name).is_focal))
     return name, z, targets, kwargs
 
 
 @st.composite
 def sigmoid_calls(draw):
     """(name, logits, targets, kwargs) for one of the two sigmoid losses."""
-    name = draw(st.sampled_from(["sigmoid_cross_entropy", "sigmoid_focal_loss"]))
+    name = draw(st.sampled_from([info.name for info in losses.of_family("sigmoid")]))
     z, t = draw(sigmoid_problems())
     kwargs = {"reduction": draw(reductions)}
-    if name == "sigmoid_focal_loss":
+    if losses.get(name).is_focal:
         kwargs["gamma"] = draw(gammas)
         kwargs["alpha"] = draw(st.none() | st.floats(0.0, 1.0))
     else:

@@ -15,6 +15,8 @@ import sys
 import numpy as np
 import pytest
 
+from dualloss import losses
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
@@ -98,11 +100,11 @@ def test_torch_pair_computes_the_same_loss(loss):
 
     logits_np, targets_np = run.make_inputs(loss, TINY)
     logits, targets = torch.from_numpy(logits_np).double(), torch.from_numpy(targets_np)
-    if loss.startswith("sigmoid"):
+    if not losses.get(loss).is_softmax:
         targets = targets.double()
     candidate = peers.torch_candidates()[loss](logits, targets)
     peer = peers.torch_peers()[loss](logits, targets)
-    if loss == "softmax_focal_loss":
+    if losses.get(loss).class_vector == "alpha":
         # kornia weights class 0 by 1 - alpha and divides 'mean' by N * C: the same work, and
         # the same value once rescaled with a per-class alpha.
         from dualloss import torch_impl
@@ -121,7 +123,7 @@ def test_jax_pair_computes_the_same_loss(loss):
     import jax.numpy as jnp
 
     logits_np, targets_np = run.make_inputs(loss, TINY)
-    targets = targets_np.astype(np.int32) if loss.startswith("softmax") else targets_np
+    targets = targets_np.astype(np.int32) if losses.get(loss).is_softmax else targets_np
     candidate = peers.jax_candidates()[loss](jnp.asarray(logits_np), jnp.asarray(targets))
     peer = peers.jax_peers()[loss](jnp.asarray(logits_np), jnp.asarray(targets))
     np.testing.assert_allclose(float(candidate), float(peer), rtol=2e-5, err_msg=loss)

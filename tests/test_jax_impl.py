@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from dualloss import jax_impl
+from dualloss import jax_impl, losses
 from dualloss.parity.tolerance import judge
 
 DTYPES = ["float64", "float32", "float16", "bfloat16"]
@@ -24,7 +24,7 @@ def _jnp_dtype(dtype):
 
 def _inputs(rng, loss, index_targets):
     logits = rng.normal(size=(N, C)) * 3.0
-    if loss.startswith("softmax"):
+    if losses.get(loss).is_softmax:
         if index_targets:
             targets = rng.integers(0, C, size=N)
             targets[1] = -100
@@ -137,7 +137,7 @@ def adversarial_inputs(loss, dtype, rng):
         [0.0, 0.0, 0.0, 0.0, 0.0],
     ]
     logits = np.array(rows)
-    if loss.startswith("softmax"):
+    if losses.get(loss).is_softmax:
         index = np.array([0, 0, 1, 1, 2, 3])
         prob = np.zeros((N, C))
         prob[np.arange(N), index] = 1.0 - 4 * tiny

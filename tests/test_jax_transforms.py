@@ -15,26 +15,21 @@ import pytest
 from jax.experimental import checkify
 from jax.test_util import check_grads
 
-from dualloss import jax_impl
+from dualloss import jax_impl, losses
 
-LOSSES = [
-    "softmax_cross_entropy",
-    "softmax_focal_loss",
-    "sigmoid_cross_entropy",
-    "sigmoid_focal_loss",
-]
+LOSSES = list(losses.NAMES)
 
 
 def _targets(loss, rng, shape, index=True):
-    if loss.startswith("softmax") and index:
+    if losses.get(loss).is_softmax and index:
         return jnp.asarray(rng.integers(0, shape[-1], size=shape[:-1]))
-    if loss.startswith("softmax"):
+    if losses.get(loss).is_softmax:
         return jnp.asarray(rng.dirichlet(np.ones(shape[-1]), size=shape[:-1]), jnp.float32)
     return jnp.asarray(rng.uniform(size=shape), jnp.float32)
 
 
 def _options(loss):
-    return {"gamma": 0.5} if "focal" in loss else {}
+    return {"gamma": 0.5} if losses.get(loss).is_focal else {}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -92,7 +87,7 @@ def test_check_grads_float64_orders_1_and_2(loss):
     with jax.enable_x64(True):
         logits = jnp.asarray(rng.normal(size=(3, 4)) * 2)
         for index in (True, False):
-            if loss.startswith("sigmoid") and index:
+            if not losses.get(loss).is_softmax and index:
                 continue
             targets = _targets(loss, rng, logits.shape, index)
             if not jnp.issubdtype(targets.dtype, jnp.integer):
@@ -126,11 +121,11 @@ def test_check_grads_float64_wrt_probability_targets(loss):
 def test_hessian_is_finite_at_large_logits(loss, dtype):
     with jax.enable_x64(dtype == "float64"):
         logits = jnp.asarray([[100.0, -100.0, 0.0], [-100.0, 100.0, -100.0]], dtype)
-        if loss.startswith("softmax"):
+        if losses.get(loss).is_softmax:
             targets = jnp.asarray([0, 2])
         else:
             targets = jnp.asarray([[1.0, 0.0, 1.0], [0.0, 1.0, 0.0]], dtype)
-        options = {"gamma": 0.5} if "focal" in loss else {}
+        options = {"gamma": 0.5} if losses.get(loss).is_focal else {}
         hessian = jax.hessian(lambda x: getattr(jax_impl, loss)(x, targets, **options))(logits)
         assert hessian.shape == logits.shape * 2
         assert bool(jnp.all(jnp.isfinite(hessian))), hessian

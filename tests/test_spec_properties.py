@@ -18,13 +18,13 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from dualloss import spec
+from dualloss import losses, spec
 
 FD_STEP = 1e-6
 FD_RTOL = 1e-7
 IDENTITY_RTOL = 1e-12
-SOFTMAX_LOSSES = ["softmax_cross_entropy", "softmax_focal_loss"]
-SIGMOID_LOSSES = ["sigmoid_cross_entropy", "sigmoid_focal_loss"]
+SOFTMAX_LOSSES = [info.name for info in losses.of_family("softmax")]
+SIGMOID_LOSSES = [info.name for info in losses.of_family("sigmoid")]
 
 
 def _value_and_grad(name, logits, targets, **kwargs):
@@ -269,7 +269,7 @@ def test_all_ignored_mean_is_zero_with_zero_gradient(name, ignore_index, reducti
     z = np.random.default_rng(0).normal(size=(3, 4))
     targets = np.full(3, ignore_index)
     kwargs = dict(ignore_index=ignore_index, reduction=reduction, label_smoothing=0.1)
-    if name == "softmax_cross_entropy":
+    if not losses.get(name).is_focal:
         kwargs["weight"] = np.array([0.5, 1.0, 2.0, 3.0])
     value, grad = _value_and_grad(name, z, targets, **kwargs)
     assert np.all(value == 0.0) and np.all(grad == 0.0), f"{_call(name, kwargs)}: {value}, {grad}"
@@ -280,7 +280,7 @@ def test_all_ignored_mean_is_zero_with_zero_gradient(name, ignore_index, reducti
 @pytest.mark.parametrize("name", SOFTMAX_LOSSES + SIGMOID_LOSSES)
 def test_no_elements_give_zero_not_nan(name, reduction):
     z = np.zeros((0, 3))
-    targets = np.zeros(0, dtype=np.int64) if name.startswith("softmax") else np.zeros((0, 3))
+    targets = np.zeros(0, dtype=np.int64) if losses.get(name).is_softmax else np.zeros((0, 3))
     value, grad = _value_and_grad(name, z, targets, reduction=reduction)
     assert np.all(value == 0.0) and grad.shape == (0, 3), f"spec.{name}: {value}"
 

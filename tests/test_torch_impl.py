@@ -14,12 +14,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from dualloss import losses
 from dualloss import torch_impl as ti
 from dualloss.parity import assert_matches_spec
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
-SOFTMAX = ["softmax_cross_entropy", "softmax_focal_loss"]
-SIGMOID = ["sigmoid_cross_entropy", "sigmoid_focal_loss"]
+SOFTMAX = [info.name for info in losses.of_family("softmax")]
+SIGMOID = [info.name for info in losses.of_family("sigmoid")]
 REDUCTIONS = ["none", "mean", "sum"]
 # the largest logit magnitude per dtype used by the adversarial cases
 BIG = {torch.float64: 1e300, torch.float32: 1e38, torch.float16: 6e4, torch.bfloat16: 1e38}
@@ -95,7 +96,7 @@ def _materialise(options, loss, dtype, num_classes=5):
     g = torch.Generator().manual_seed(1)
     if options.get("weight") == "vector":
         vector = torch.rand(num_classes, generator=g, dtype=torch.float64).to(dtype)
-        if loss == "softmax_focal_loss":
+        if losses.get(loss).is_focal:
             del options["weight"]
             options["alpha"] = vector
         else:
@@ -122,7 +123,7 @@ def test_softmax_matches_spec(loss, options, kind, reduction, dtype):
     if "ignore_index" in options and kind == "index":
         targets = torch.where(targets == -100, options["ignore_index"], targets)
     options["reduction"] = reduction
-    if loss == "softmax_focal_loss":
+    if losses.get(loss).is_focal:
         for gamma in (0.0, 0.25, 2.0):
             _check(loss, logits, targets, dict(options, gamma=gamma))
     else:
@@ -138,7 +139,7 @@ def test_sigmoid_matches_spec(loss, reduction, dtype):
     soft = torch.rand(6, 5, generator=g).to(dtype)
     hard = (torch.rand(6, 5, generator=g) < 0.3).to(dtype)
     for targets in (soft, hard):
-        if loss == "sigmoid_cross_entropy":
+        if not losses.get(loss).is_focal:
             weight = torch.rand(6, 1, generator=g).to(dtype)
             pos_weight = (torch.rand(5, generator=g) * 3).to(dtype)
             for extra in ({}, {"weight": weight}, {"pos_weight": pos_weight}):
@@ -191,8 +192,8 @@ def test_extreme_logits_give_finite_gradients_softmax(dtype, gamma):
     prob_targets = prob_targets.to(dtype)
     for targets in (index_targets, prob_targets):
         for loss in SOFTMAX:
-            options = {"gamma": gamma} if loss == "softmax_focal_loss" else {}
-            if loss == "softmax_cross_entropy" and gamma:
+            options = {"gamma": gamma} if losses.get(loss).is_focal else {}
+            if not losses.get(loss).is_focal and gamma:
                 continue
             for reduction in ("none", "mean"):
                 value, grad = _run(loss, logits, targets, dict(options, reduction=reduction))
@@ -301,8 +302,8 @@ def _double_inputs(loss):
 @pytest.mark.parametrize("loss", SOFTMAX + SIGMOID)
 def test_gradcheck_and_gradgradcheck_float64(loss):
     logits, target_list = _double_inputs(loss)
-    options = {"gamma": 0.5} if "focal" in loss else {}
-    if loss == "softmax_focal_loss":
+    options = {"gamma": 0.5} if losses.get(loss).is_focal else {}
+    if losses.get(loss).is_focal and losses.get(loss).has("label_smoothing"):
         options["label_smoothing"] = 0.1
     for targets in target_list:
         fn = getattr(ti, loss)
@@ -324,7 +325,7 @@ def test_second_order_finite_at_large_logits(loss, dtype):
     else:
         logits = torch.tensor([100.0, -100.0, 100.0, -100.0, 3.0], dtype=dtype)
         target_list = [torch.tensor([1.0, 0.0, 0.0, 1.0, 0.5], dtype=dtype)]
-    options = {"gamma": 0.5} if "focal" in loss else {}
+    options = {"gamma": 0.5} if losses.get(loss).is_focal else {}
     for targets in target_list:
         z = logits.clone().requires_grad_(True)
         value = getattr(ti, loss)(

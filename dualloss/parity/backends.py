@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import losses
 from .cases import Case, from_torch_layout, to_torch_layout
 
 BACKENDS = ("torch", "jax")
@@ -253,7 +254,7 @@ def _set_torch_compile_limits():
 def run_torch(impl: Implementation, prep: Prepared, device: str, compiled: bool) -> Outcome:
     import torch
 
-    softmax = impl.loss.startswith("softmax")
+    softmax = losses.get(impl.loss).is_softmax
     logits = to_torch_layout(prep.logits) if softmax else prep.logits
     targets = prep.targets
     if softmax and not prep.case.index_targets:
@@ -382,7 +383,7 @@ def _literal(array: np.ndarray) -> str:
 def reproducer(impl: Implementation, prep: Prepared) -> str:
     """One line of Python that calls `impl` on exactly the inputs of `prep` (value and grad)."""
     case = prep.case
-    softmax = impl.loss.startswith("softmax")
+    softmax = losses.get(impl.loss).is_softmax
     big = prep.logits.size > _LITERAL_LIMIT
     if impl.backend == "torch":
         lib = "torch"

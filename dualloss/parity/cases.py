@@ -34,15 +34,15 @@ offset (row 37 of 67), so that vectorised loops run their tails over the bad row
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-SOFTMAX_LOSSES = ("softmax_cross_entropy", "softmax_focal_loss")
-SIGMOID_LOSSES = ("sigmoid_cross_entropy", "sigmoid_focal_loss")
-LOSSES = SOFTMAX_LOSSES + SIGMOID_LOSSES
+from .. import losses
+
+LOSSES = losses.NAMES
 
 # the largest finite value of each dtype
 DTYPE_MAX = {
@@ -56,23 +56,7 @@ HIDE_AT, HIDE_IN = 37, 67
 # weights and alphas exactly representable in every dtype (bfloat16 has 8 significant bits)
 _WEIGHTS = (0.5, 1.0, 2.0, 0.25, 1.5, 0.75, 3.0, 1.25)
 
-REGIONS = (
-    "typical",
-    "confident_correct",
-    "confident_wrong",
-    "near_ties",
-    "huge_shift",
-    "masked",
-    "soft_targets",
-    "masked_soft",
-    "label_smoothing",
-    "ignored",
-    "all_ignored",
-    "classes",
-    "spatial",
-    "where",
-    "options",
-)
+REGIONS = losses.REGIONS
 # regions whose inputs are adversarial rows worth hiding in a larger batch
 ADVERSARIAL = ("confident_correct", "confident_wrong", "near_ties", "masked", "soft_targets",
                "masked_soft")  # fmt: skip
@@ -102,20 +86,22 @@ class Case:
         return np.issubdtype(self.targets.dtype, np.integer)
 
     @property
+    def info(self) -> losses.LossInfo:
+        return losses.get(self.loss)
+
+    @property
     def gamma(self) -> float:
-        return float(self.options.get("gamma", 2.0)) if "focal" in self.loss else 0.0
+        return self.info.gamma(self.options)
 
     def rows(self, index: int) -> Case:
         """The case restricted to one row of the batch (the first axis)."""
         options = dict(self.options)
-        where = options.get("where")
-        if where is not None:
-            options["where"] = where[index : index + 1]
-        for key in ("weight", "pos_weight"):
-            value = options.get(key)
-            if self.loss.startswith("sigmoid") and isinstance(value, np.ndarray):
-                if value.ndim == self.logits.ndim:
-                    options[key] = value[index : index + 1]
+        for option in self.info.options:
+            value = options.get(option.name)
+            # masks and element-wise weights of the logits' rank follow the rows
+            per_row = option.kind == "mask" or option.kind == "elementwise"
+            if per_row and isinstance(value, np.ndarray) and value.ndim == self.logits.ndim:
+                options[option.name] = value[index : index + 1]
         return replace(
             self,
             label=f"{self.label}[row {index}]",
@@ -227,90 +213,131 @@ def _soft(rng, n, c, zeros=True):
     return p
 
 
-def _softmax_regions(loss: str, dtype: str, level: str, rng_for) -> Iterator[Case]:
-    full = level == "full"
-    focal = loss == "softmax_focal_loss"
-    gammas = GAMMAS if full else (0.0, 0.25, 0.5, 2.0)
-    adv_gammas = (gammas if full else (0.0, 0.5, 2.0)) if focal else (None,)
+@dataclass
+class _Plan:
+    """What a region generator needs: the loss, the dtype's margins, the gamma grids, a seeded
+    generator of its own, and ``case(...)`` to build a ``Case`` of this loss."""
 
-    def case(region, label, z, t, options=None, margin=0.0, hot=()):
-        return Case(loss, region, label, np.asarray(z, float), np.asarray(t), options or {},
-                    margin, tuple(hot))  # fmt: skip
+    info: losses.LossInfo
+    dtype: str
+    level: str
+    rng: np.random.Generator
 
-    def focal_opts(gamma):
-        return {} if gamma is None else {"gamma": gamma}
+    @property
+    def full(self) -> bool:
+        return self.level == "full"
 
-    # typical
-    rng = rng_for("typical")
-    for n, c in [(4, 5), (67, 13)] + ([(128, 100), (3, 1000)] if full else []):
+    @property
+    def gammas(self) -> tuple[float, ...]:
+        return GAMMAS if self.full else (0.0, 0.25, 0.5, 2.0)
+
+    @property
+    def adv_gammas(self) -> tuple[float | None, ...]:
+        """The gammas of the adversarial regions; (None,) for a loss without gamma."""
+        if not self.info.is_focal:
+            return (None,)
+        return self.gammas if self.full else (0.0, 0.5, 2.0)
+
+    def case(self, region, label, z, t, options=None, margin=0.0, hot=()) -> Case:
+        target_dtype = None if self.info.is_softmax else float
+        return Case(self.info.name, region, label, np.asarray(z, float),
+                    np.asarray(t, target_dtype), options or {}, margin, tuple(hot))  # fmt: skip
+
+
+def _focal_opts(gamma):
+    return {} if gamma is None else {"gamma": gamma}
+
+
+def _gamma_label(gamma):
+    return "" if gamma is None else f" gamma={gamma}"
+
+
+def _softmax_typical(plan: _Plan) -> Iterator[Case]:
+    rng = plan.rng
+    for n, c in [(4, 5), (67, 13)] + ([(128, 100), (3, 1000)] if plan.full else []):
         z, t = _typical(rng, n, c)
-        yield case("typical", f"{n}x{c}", z, t)
-        yield case("typical", f"{n}x{c} sum", z, t, {"reduction": "sum"})
-        yield case("typical", f"{n}x{c} none", z, t, {"reduction": "none"})
+        yield plan.case("typical", f"{n}x{c}", z, t)
+        yield plan.case("typical", f"{n}x{c} sum", z, t, {"reduction": "sum"})
+        yield plan.case("typical", f"{n}x{c} none", z, t, {"reduction": "none"})
     z = _soft(rng, 8, 7, zeros=False)
-    yield case("typical", "8x7 prob", rng.standard_normal((8, 7)), z)
+    yield plan.case("typical", "8x7 prob", rng.standard_normal((8, 7)), z)
 
-    # confident correct / wrong, by margin, with gamma for the focal loss
-    for region, correct in (("confident_correct", True), ("confident_wrong", False)):
-        rng = rng_for(region)
-        for gamma in adv_gammas:
+
+def _softmax_confident(region: str, correct: bool):
+    """The target leads (correct) or trails (wrong) by each margin, with gamma for focal."""
+
+    def generate(plan: _Plan) -> Iterator[Case]:
+        rng = plan.rng
+        for gamma in plan.adv_gammas:
             rows_z, rows_t, rows_m = [], [], []
-            for m in margins(dtype, level):
+            opts = _focal_opts(gamma)
+            for m in margins(plan.dtype, plan.level):
                 z, t = _confident(rng, 5, m, correct)
                 rows_z.append(z)
                 rows_t.append(t)
                 rows_m.append(_softmax_margin(z, t))
-                opts = focal_opts(gamma)
-                g = "" if gamma is None else f" gamma={gamma}"
-                yield case(region, f"margin={m:g}{g}", z[None], [t], opts, rows_m[-1], (0,))
+                label = f"margin={m:g}{_gamma_label(gamma)}"
+                yield plan.case(region, label, z[None], [t], opts, rows_m[-1], (0,))
             z, t, hot = _hide(rng, np.array(rows_z), np.array(rows_t), 5)
-            g = "" if gamma is None else f" gamma={gamma}"
-            yield case(region, f"hidden{g}", z, t, focal_opts(gamma), min(rows_m), hot)
+            yield plan.case(region, f"hidden{_gamma_label(gamma)}", z, t, opts, min(rows_m), hot)
 
-    # near ties: equal logits, and one-ULP differences (made in the dtype later by rounding)
-    rng = rng_for("near_ties")
-    for gamma in adv_gammas[:2] if not full else adv_gammas:
-        opts = focal_opts(gamma)
-        g = "" if gamma is None else f" gamma={gamma}"
+    return generate
+
+
+def _softmax_near_ties(plan: _Plan) -> Iterator[Case]:
+    """Equal logits, and one-ULP differences (made in the dtype later by rounding)."""
+    rng = plan.rng
+    for gamma in plan.adv_gammas[:2] if not plan.full else plan.adv_gammas:
+        opts = _focal_opts(gamma)
+        g = _gamma_label(gamma)
         base = float(rng.standard_normal())
-        eps = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10}.get(dtype, 2.0**-7)
+        eps = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10}.get(
+            plan.dtype, 2.0**-7
+        )
         rows = np.array([[base] * 4, [base, base * (1 + eps), base, base], [0.0] * 4])
-        yield case("near_ties", f"ties{g}", rows, [0, 1, 3], opts, 0.0)
+        yield plan.case("near_ties", f"ties{g}", rows, [0, 1, 3], opts, 0.0)
         z, t, hot = _hide(rng, rows, np.array([0, 1, 3]), 4)
-        yield case("near_ties", f"hidden{g}", z, t, opts, 0.0, hot)
+        yield plan.case("near_ties", f"hidden{g}", z, t, opts, 0.0, hot)
 
-    # a huge common shift
-    rng = rng_for("huge_shift")
-    shifts = [1e3, 0.5 * DTYPE_MAX[dtype]]
-    if full:
-        shifts = [1e2, 1e4, 1e6, 1e15, 1e30, 0.5 * DTYPE_MAX[dtype]]
+
+def _softmax_huge_shift(plan: _Plan) -> Iterator[Case]:
+    """A huge common shift added to typical logits."""
+    rng = plan.rng
+    shifts = [1e3, 0.5 * DTYPE_MAX[plan.dtype]]
+    if plan.full:
+        shifts = [1e2, 1e4, 1e6, 1e15, 1e30, 0.5 * DTYPE_MAX[plan.dtype]]
     for shift in shifts:
-        if shift > 0.5 * DTYPE_MAX[dtype]:
+        if shift > 0.5 * DTYPE_MAX[plan.dtype]:
             continue
         z, t = _typical(rng, 6, 5)
-        yield case("huge_shift", f"shift={shift:.3g}", z + shift, t)
+        yield plan.case("huge_shift", f"shift={shift:.3g}", z + shift, t)
 
-    # -inf masks
-    rng = rng_for("masked")
-    for gamma in adv_gammas:
-        opts = focal_opts(gamma)
-        g = "" if gamma is None else f" gamma={gamma}"
+
+def _softmax_masked(plan: _Plan) -> Iterator[Case]:
+    """-inf logits as class masks, down to a single finite class."""
+    rng = plan.rng
+    for gamma in plan.adv_gammas:
+        opts = _focal_opts(gamma)
+        g = _gamma_label(gamma)
         z = rng.standard_normal((4, 6))
         z[0, [1, 3]] = -np.inf
         z[1, 1:] = -np.inf  # a single finite class: p = 1 exactly
         z[2, [0, 5]] = -np.inf
         z[3, :5] = -np.inf
         t = np.array([0, 0, 3, 5])
-        yield case("masked", f"-inf{g}", z, t, opts, math.inf, (1, 3))
+        yield plan.case("masked", f"-inf{g}", z, t, opts, math.inf, (1, 3))
         hz, ht, hot = _hide(rng, z, t, 6)
-        yield case("masked", f"hidden{g}", hz, ht, opts, math.inf, hot)
+        yield plan.case("masked", f"hidden{g}", hz, ht, opts, math.inf, hot)
 
-    # soft targets with zeros; masked_soft: -inf logits under zero target mass (0 log 0 = 0)
-    for region in ("soft_targets", "masked_soft"):
-        rng = rng_for(region)
-        for gamma in adv_gammas[:3] if not full else adv_gammas:
-            opts = focal_opts(gamma)
-            g = "" if gamma is None else f" gamma={gamma}"
+
+def _softmax_soft(region: str):
+    """Soft targets with zeros; masked_soft: -inf logits under zero target mass (0 log 0 = 0)."""
+
+    def generate(plan: _Plan) -> Iterator[Case]:
+        rng = plan.rng
+        for gamma in plan.adv_gammas[:3] if not plan.full else plan.adv_gammas:
+            opts = _focal_opts(gamma)
+            g = _gamma_label(gamma)
             t = _soft(rng, 5, 6)
             z = rng.standard_normal((5, 6)) * 3
             z[1][t[1] == 0.0] = -60.0
@@ -321,61 +348,71 @@ def _softmax_regions(loss: str, dtype: str, level: str, rng_for) -> Iterator[Cas
                 t[4] = one_hot
                 z[4] = -np.inf
                 z[4, 2] = 1.0  # p = 1 on the one class with target mass
-            yield case(region, f"zeros{g}", z, t, opts, 0.0, (0, 4, 1))
+            yield plan.case(region, f"zeros{g}", z, t, opts, 0.0, (0, 4, 1))
             hz, ht, hot = _hide(rng, z, t, 6, prob_targets=True)
-            yield case(region, f"hidden{g}", hz, ht, opts, 0.0, hot)
+            yield plan.case(region, f"hidden{g}", hz, ht, opts, 0.0, hot)
 
-    # label smoothing
-    rng = rng_for("label_smoothing")
+    return generate
+
+
+def _softmax_label_smoothing(plan: _Plan) -> Iterator[Case]:
+    rng = plan.rng
     for eps in (0.0, 0.1, 1.0):
         z, t = _typical(rng, 6, 5)
         z[0] = [40.0, -40.0, 0.0, 1.0, 2.0]
         t[0] = 0
-        yield case("label_smoothing", f"eps={eps}", z, t, {"label_smoothing": eps}, hot=(0,))
-    if focal:
+        yield plan.case("label_smoothing", f"eps={eps}", z, t, {"label_smoothing": eps}, hot=(0,))
+    if plan.info.is_focal:
         z, t = _typical(rng, 6, 5)
-        yield case("label_smoothing", "eps=0.1 gamma=0.5", z, t,
-                   {"label_smoothing": 0.1, "gamma": 0.5})  # fmt: skip
+        yield plan.case("label_smoothing", "eps=0.1 gamma=0.5", z, t,
+                        {"label_smoothing": 0.1, "gamma": 0.5})  # fmt: skip
 
-    # ignored targets
-    rng = rng_for("ignored")
+
+def _softmax_ignored(plan: _Plan) -> Iterator[Case]:
+    rng = plan.rng
     z, t = _typical(rng, 9, 4)
     t[[0, 4, 8]] = -100
-    yield case("ignored", "some", z, t)
-    yield case("ignored", "some sum", z, t, {"reduction": "sum"})
+    yield plan.case("ignored", "some", z, t)
+    yield plan.case("ignored", "some sum", z, t, {"reduction": "sum"})
     z[4] = [30.0, -30.0, 0.0, 5.0]
-    yield case("ignored", "ignore_index=2", z, np.where(t == -100, 2, t), {"ignore_index": 2})
-    rng = rng_for("all_ignored")
-    z, _ = _typical(rng, 5, 4)
-    yield case("all_ignored", "mean", z, np.full(5, -100))
-    yield case("all_ignored", "sum", z, np.full(5, -100), {"reduction": "sum"})
+    yield plan.case("ignored", "ignore_index=2", z, np.where(t == -100, 2, t), {"ignore_index": 2})
 
-    # C = 1, 2 and a large C
-    rng = rng_for("classes")
+
+def _softmax_all_ignored(plan: _Plan) -> Iterator[Case]:
+    z, _ = _typical(plan.rng, 5, 4)
+    yield plan.case("all_ignored", "mean", z, np.full(5, -100))
+    yield plan.case("all_ignored", "sum", z, np.full(5, -100), {"reduction": "sum"})
+
+
+def _softmax_classes(plan: _Plan) -> Iterator[Case]:
+    """C = 1, 2 and a large C."""
+    rng = plan.rng
     z, t = _typical(rng, 6, 1)
-    yield case("classes", "C=1", z, t)
+    yield plan.case("classes", "C=1", z, t)
     z, t = _typical(rng, 7, 2)
     z[3] = [25.0, -25.0]
-    yield case("classes", "C=2", z, t, hot=(3,))
-    big = 32771 if not full else 65537
+    yield plan.case("classes", "C=2", z, t, hot=(3,))
+    big = 32771 if not plan.full else 65537
     z, t = _typical(rng, 2, big)
     z[1, 7] = 80.0
     t[1] = 7
-    yield case("classes", f"C={big}", z, t, hot=(1,))
+    yield plan.case("classes", f"C={big}", z, t, hot=(1,))
 
-    # extra spatial dims
-    rng = rng_for("spatial")
+
+def _softmax_spatial(plan: _Plan) -> Iterator[Case]:
+    rng = plan.rng
     z = rng.standard_normal((2, 3, 5, 4)) * 2
     t = rng.integers(0, 4, (2, 3, 5))
     z[1, 2, 3] = [0.0, -50.0, -50.0, -50.0]
     t[1, 2, 3] = 0
-    yield case("spatial", "2x3x5 C=4", z, t)
-    yield case("spatial", "2x3x5 C=4 none", z, t, {"reduction": "none"})
+    yield plan.case("spatial", "2x3x5 C=4", z, t)
+    yield plan.case("spatial", "2x3x5 C=4 none", z, t, {"reduction": "none"})
     t[0, 1, 1] = -100
-    yield case("spatial", "2x3x5 ignored", z, t)
+    yield plan.case("spatial", "2x3x5 ignored", z, t)
 
-    # where masks
-    rng = rng_for("where")
+
+def _softmax_where(plan: _Plan) -> Iterator[Case]:
+    rng = plan.rng
     z, t = _typical(rng, 6, 5)
     where = rng.random((6, 5)) < 0.7
     where[np.arange(6), t] = True
@@ -383,30 +420,33 @@ def _softmax_regions(loss: str, dtype: str, level: str, rng_for) -> Iterator[Cas
     where[2, t[2]] = True  # one class left: p = 1
     for eps in (0.0, 0.2):
         opts = {"where": where, "label_smoothing": eps}
-        if focal:
+        if plan.info.is_focal:
             opts["gamma"] = 0.5
-        yield case("where", f"mask eps={eps}", z, t, opts, hot=(2,))
+        yield plan.case("where", f"mask eps={eps}", z, t, opts, hot=(2,))
 
-    # option grid
-    rng = rng_for("options")
+
+def _softmax_options(plan: _Plan) -> Iterator[Case]:
+    """The option grid: gamma x alpha for focal, the class weights for cross entropy."""
+    rng = plan.rng
     z, t = _typical(rng, 11, 5)
     z[5] = [60.0, -60.0, 0.0, 0.0, 1.0]
     t[5] = 0
     vector = np.array(_WEIGHTS[:5])
-    if focal:
+    if plan.info.is_focal:
         alphas = [None, 0.25, np.array([0.25, 0.5, 0.75, 1.0, 0.125])]
-        for gamma in gammas:
-            for alpha in alphas if (full or gamma in (0.0, 0.5)) else alphas[:1]:
+        for gamma in plan.gammas:
+            for alpha in alphas if (plan.full or gamma in (0.0, 0.5)) else alphas[:1]:
                 label = (
                     f"gamma={gamma} alpha={'vector' if isinstance(alpha, np.ndarray) else alpha}"
                 )
-                yield case("options", label, z, t, {"gamma": gamma, "alpha": alpha}, hot=(5,))
+                yield plan.case("options", label, z, t, {"gamma": gamma, "alpha": alpha}, hot=(5,))
     else:
-        yield case("options", "weight", z, t, {"weight": vector}, hot=(5,))
-        yield case("options", "weight sum", z, t, {"weight": vector, "reduction": "sum"})
-        yield case("options", "weight eps=0.1", z, t, {"weight": vector, "label_smoothing": 0.1})
+        yield plan.case("options", "weight", z, t, {"weight": vector}, hot=(5,))
+        yield plan.case("options", "weight sum", z, t, {"weight": vector, "reduction": "sum"})
+        yield plan.case("options", "weight eps=0.1", z, t,
+                        {"weight": vector, "label_smoothing": 0.1})  # fmt: skip
         prob = _soft(rng, 11, 5)
-        yield case("options", "weight prob", z, prob, {"weight": vector})
+        yield plan.case("options", "weight prob", z, prob, {"weight": vector})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -414,90 +454,121 @@ def _softmax_regions(loss: str, dtype: str, level: str, rng_for) -> Iterator[Cas
 # ----------------------------------------------------------------------------------------------
 
 
-def _sigmoid_regions(loss: str, dtype: str, level: str, rng_for) -> Iterator[Case]:
-    full = level == "full"
-    focal = loss == "sigmoid_focal_loss"
-    gammas = GAMMAS if full else (0.0, 0.25, 0.5, 2.0)
-    adv_gammas = (gammas if full else (0.0, 0.5, 2.0)) if focal else (None,)
-
-    def case(region, label, x, t, options=None, margin=0.0, hot=()):
-        return Case(loss, region, label, np.asarray(x, float), np.asarray(t, float),
-                    options or {}, margin, tuple(hot))  # fmt: skip
-
-    def focal_opts(gamma):
-        return {} if gamma is None else {"gamma": gamma}
-
-    rng = rng_for("typical")
-    for shape in [(4, 5), (67, 3)] + ([(64, 80)] if full else []):
+def _sigmoid_typical(plan: _Plan) -> Iterator[Case]:
+    rng = plan.rng
+    for shape in [(4, 5), (67, 3)] + ([(64, 80)] if plan.full else []):
         x = rng.standard_normal(shape) * 2
         t = (rng.random(shape) < 0.5).astype(float)
-        yield case("typical", "x".join(map(str, shape)), x, t)
-        yield case("typical", "x".join(map(str, shape)) + " sum", x, t, {"reduction": "sum"})
-        yield case("typical", "x".join(map(str, shape)) + " none", x, t, {"reduction": "none"})
+        name = "x".join(map(str, shape))
+        yield plan.case("typical", name, x, t)
+        yield plan.case("typical", name + " sum", x, t, {"reduction": "sum"})
+        yield plan.case("typical", name + " none", x, t, {"reduction": "none"})
 
-    for region, sign in (("confident_correct", 1.0), ("confident_wrong", -1.0)):
-        rng = rng_for(region)
-        for gamma in adv_gammas:
-            g = "" if gamma is None else f" gamma={gamma}"
-            ms = margins(dtype, level)
+
+def _sigmoid_confident(region: str, sign: float):
+    def generate(plan: _Plan) -> Iterator[Case]:
+        rng = plan.rng
+        for gamma in plan.adv_gammas:
+            g = _gamma_label(gamma)
+            ms = margins(plan.dtype, plan.level)
             t = (np.arange(len(ms)) % 2).astype(float)
             x = sign * np.array(ms) * (2 * t - 1)
             for i, m in enumerate(ms):
-                yield case(region, f"margin={m:g}{g}", x[i : i + 1, None], t[i : i + 1, None],
-                           focal_opts(gamma), sign * m, (0,))  # fmt: skip
+                yield plan.case(region, f"margin={m:g}{g}", x[i : i + 1, None],
+                                t[i : i + 1, None], _focal_opts(gamma), sign * m, (0,))  # fmt: skip
             bx = rng.standard_normal((HIDE_IN, 3))
             bt = (rng.random((HIDE_IN, 3)) < 0.5).astype(float)
             k = len(ms)
             bx[HIDE_AT : HIDE_AT + k, 1] = x
             bt[HIDE_AT : HIDE_AT + k, 1] = t
-            yield case(region, f"hidden{g}", bx, bt, focal_opts(gamma), sign * min(ms),
-                       tuple(range(HIDE_AT, HIDE_AT + k)))  # fmt: skip
+            yield plan.case(region, f"hidden{g}", bx, bt, _focal_opts(gamma), sign * min(ms),
+                            tuple(range(HIDE_AT, HIDE_AT + k)))  # fmt: skip
 
-    rng = rng_for("near_ties")
+    return generate
+
+
+def _sigmoid_near_ties(plan: _Plan) -> Iterator[Case]:
     x = np.array([[0.0, -0.0, 2.0**-30, -(2.0**-30)], [1e-8, -1e-8, 0.0, 0.0]])
     t = np.array([[1.0, 0.0, 1.0, 0.0], [0.5, 0.5, 0.5, 0.0]])
-    for gamma in adv_gammas[:2] if not full else adv_gammas:
-        yield case("near_ties", f"zero{'' if gamma is None else f' gamma={gamma}'}", x, t,
-                   focal_opts(gamma))  # fmt: skip
+    for gamma in plan.adv_gammas[:2] if not plan.full else plan.adv_gammas:
+        yield plan.case("near_ties", f"zero{_gamma_label(gamma)}", x, t, _focal_opts(gamma))
 
-    rng = rng_for("soft_targets")
-    for gamma in adv_gammas[:3] if not full else adv_gammas:
-        g = "" if gamma is None else f" gamma={gamma}"
+
+def _sigmoid_soft_targets(plan: _Plan) -> Iterator[Case]:
+    rng = plan.rng
+    for gamma in plan.adv_gammas[:3] if not plan.full else plan.adv_gammas:
+        g = _gamma_label(gamma)
         x = rng.standard_normal((6, 4)) * 4
         t = np.round(rng.random((6, 4)) * 16) / 16
         t[0] = [0.0, 1.0, 0.5, 0.25]
         x[0] = [-40.0, 40.0, 30.0, -30.0]
         t[1] = [0.5, 0.5, 0.0, 1.0]
         x[1] = [1e3, -1e3, 0.0, 0.0]
-        yield case("soft_targets", f"zeros{g}", x, t, focal_opts(gamma), 0.0, (0, 1))
+        yield plan.case("soft_targets", f"zeros{g}", x, t, _focal_opts(gamma), 0.0, (0, 1))
         bx = rng.standard_normal((HIDE_IN, 4))
         bt = np.round(rng.random((HIDE_IN, 4)) * 16) / 16
         bx[HIDE_AT : HIDE_AT + 6] = x
         bt[HIDE_AT : HIDE_AT + 6] = t
-        yield case("soft_targets", f"hidden{g}", bx, bt, focal_opts(gamma), 0.0,
-                   (HIDE_AT, HIDE_AT + 1))  # fmt: skip
+        yield plan.case("soft_targets", f"hidden{g}", bx, bt, _focal_opts(gamma), 0.0,
+                        (HIDE_AT, HIDE_AT + 1))  # fmt: skip
 
-    rng = rng_for("spatial")
+
+def _sigmoid_spatial(plan: _Plan) -> Iterator[Case]:
+    rng = plan.rng
     x = rng.standard_normal((2, 3, 4, 5)) * 3
     t = (rng.random((2, 3, 4, 5)) < 0.3).astype(float)
-    yield case("spatial", "2x3x4x5", x, t)
+    yield plan.case("spatial", "2x3x4x5", x, t)
 
-    rng = rng_for("options")
+
+def _sigmoid_options(plan: _Plan) -> Iterator[Case]:
+    """The option grid: gamma x alpha for focal, weight and pos_weight for cross entropy."""
+    rng = plan.rng
     x = rng.standard_normal((7, 4)) * 3
     x[3] = [50.0, -50.0, 20.0, -20.0]
     t = (rng.random((7, 4)) < 0.5).astype(float)
     t[3] = [1.0, 0.0, 0.0, 1.0]
-    if focal:
-        for gamma in gammas:
-            for alpha in (None, 0.25) if (full or gamma in (0.0, 0.5)) else (None,):
-                yield case("options", f"gamma={gamma} alpha={alpha}", x, t,
-                           {"gamma": gamma, "alpha": alpha}, hot=(3,))  # fmt: skip
+    if plan.info.is_focal:
+        for gamma in plan.gammas:
+            for alpha in (None, 0.25) if (plan.full or gamma in (0.0, 0.5)) else (None,):
+                yield plan.case("options", f"gamma={gamma} alpha={alpha}", x, t,
+                                {"gamma": gamma, "alpha": alpha}, hot=(3,))  # fmt: skip
     else:
         w = np.array(_WEIGHTS[:4])
-        yield case("options", "weight", x, t, {"weight": np.tile(w, (7, 1))}, hot=(3,))
-        yield case("options", "pos_weight", x, t, {"pos_weight": w}, hot=(3,))
-        yield case("options", "both sum", x, t, {"weight": np.tile(w[::-1], (7, 1)),
-                                                 "pos_weight": w, "reduction": "sum"})  # fmt: skip
+        yield plan.case("options", "weight", x, t, {"weight": np.tile(w, (7, 1))}, hot=(3,))
+        yield plan.case("options", "pos_weight", x, t, {"pos_weight": w}, hot=(3,))
+        both = {"weight": np.tile(w[::-1], (7, 1)), "pos_weight": w, "reduction": "sum"}
+        yield plan.case("options", "both sum", x, t, both)
+
+
+# one generator per (family, region); a loss runs the regions its record lists, in this order
+GENERATORS: dict[str, dict[str, Callable[[_Plan], Iterator[Case]]]] = {
+    "softmax": {
+        "typical": _softmax_typical,
+        "confident_correct": _softmax_confident("confident_correct", True),
+        "confident_wrong": _softmax_confident("confident_wrong", False),
+        "near_ties": _softmax_near_ties,
+        "huge_shift": _softmax_huge_shift,
+        "masked": _softmax_masked,
+        "soft_targets": _softmax_soft("soft_targets"),
+        "masked_soft": _softmax_soft("masked_soft"),
+        "label_smoothing": _softmax_label_smoothing,
+        "ignored": _softmax_ignored,
+        "all_ignored": _softmax_all_ignored,
+        "classes": _softmax_classes,
+        "spatial": _softmax_spatial,
+        "where": _softmax_where,
+        "options": _softmax_options,
+    },
+    "sigmoid": {
+        "typical": _sigmoid_typical,
+        "confident_correct": _sigmoid_confident("confident_correct", 1.0),
+        "confident_wrong": _sigmoid_confident("confident_wrong", -1.0),
+        "near_ties": _sigmoid_near_ties,
+        "soft_targets": _sigmoid_soft_targets,
+        "spatial": _sigmoid_spatial,
+        "options": _sigmoid_options,
+    },
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -524,22 +595,17 @@ def make_cases(
       skip: region names to leave out.
       seed: base seed; region r uses seed + its index in ``REGIONS``.
     """
-    if loss not in LOSSES:
-        raise ValueError(f"`loss` must be one of {LOSSES}. Received: loss={loss!r}.")
+    info = losses.get(loss)
     if level not in ("quick", "full"):
         raise ValueError(f"`level` must be 'quick' or 'full'. Received: level={level!r}.")
-
-    def rng_for(region):
-        return np.random.default_rng(seed + REGIONS.index(region))
-
-    make = _softmax_regions if loss in SOFTMAX_LOSSES else _sigmoid_regions
     out = []
-    for case in make(loss, dtype, level, rng_for):
-        if regions is not None and case.region not in regions:
+    for region in info.regions:
+        if (regions is not None and region not in regions) or region in skip:
             continue
-        if case.region in skip:
-            continue
-        if case.index_targets:
-            case.targets = case.targets.astype(np.int64)
-        out.append(case)
+        rng = np.random.default_rng(seed + REGIONS.index(region))
+        plan = _Plan(info, dtype, level, rng)
+        for case in GENERATORS[info.family][region](plan):
+            if case.index_targets:
+                case.targets = case.targets.astype(np.int64)
+            out.append(case)
     return out

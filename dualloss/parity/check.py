@@ -18,8 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import losses
 from . import backends as B
-from .cases import DTYPE_MAX, LOSSES, SOFTMAX_LOSSES, Case, make_cases
+from .cases import DTYPE_MAX, LOSSES, Case, make_cases
 from .runner import Failure, evaluate, make_failure, minimise
 
 # the regions that vary only the inputs (the others are option grids)
@@ -156,6 +157,7 @@ def check(
     """
     if reference not in LOSSES:
         raise ValueError(f"`reference` must be one of {LOSSES}. Received: reference={reference!r}.")
+    info = losses.get(reference)
     if backend not in B.BACKENDS:
         raise ValueError(f"`backend` must be one of {B.BACKENDS}. Received: backend={backend!r}.")
     options = dict(options or {})
@@ -182,7 +184,7 @@ def check(
             prep = B.prepare(case, dtype)
             kind, judgement, outcome = evaluate(impl, prep, dev, jit)
             report.cases_run += 1
-            if kind == "error" and case.region == "typical" and reference in SOFTMAX_LOSSES:
+            if kind == "error" and case.region == "typical" and info.is_softmax:
                 # a candidate for one kind of targets only (e.g. optax integer labels)
                 unsupported.add(kind_key)
                 report.notes.append(
@@ -232,7 +234,7 @@ def _explore(
     mask_index = "masked" not in skip
     mask_prob = "masked_soft" not in skip
     element = st.one_of(st.floats(-30.0, 30.0, width=32), st.sampled_from(specials))
-    softmax = reference in SOFTMAX_LOSSES
+    softmax = losses.get(reference).is_softmax
     kinds = [k for k in ("index", "prob") if k not in unsupported] if softmax else ["prob"]
     if not kinds:
         return None, 0

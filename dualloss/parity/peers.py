@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import losses
 from .backends import Implementation, Prepared, format_kwargs
 
 
-def _only(allowed, options):
-    """True when every option is one the peer has (or is at its neutral value)."""
-    neutral = {"label_smoothing": 0.0, "ignore_index": -100, "where": None, "alpha": None,
-               "weight": None, "pos_weight": None, "gamma": 2.0}  # fmt: skip
+def _only(info, allowed, options):
+    """True when every option is one the peer has (or is at the loss's neutral value)."""
     for key, value in options.items():
         if key in allowed or key == "reduction":
             continue
-        if key in neutral and (value is None or (np.isscalar(value) and value == neutral[key])):
+        if info.has(key) and info.option(key).is_neutral(value):
             continue
         return False
     return True
@@ -43,9 +42,9 @@ def _reduce(value, reduction):
     return value
 
 
-def _translate(allowed, rename=None, defaults=None):
+def _translate(info, allowed, rename=None, defaults=None):
     def kwargs(options, array):
-        if not _only(allowed, options):
+        if not _only(info, allowed, options):
             return None
         out = dict(defaults or {})
         for key, value in options.items():
@@ -59,6 +58,13 @@ def _translate(allowed, rename=None, defaults=None):
     return kwargs
 
 
+def _peer(name, backend, loss, fn, allowed, imports, expr, **kwargs) -> Implementation:
+    """An ``Implementation`` of a public function that takes the options in `allowed` (and
+    skips the cases with any other option away from its neutral value)."""
+    translate = _translate(losses.get(loss), allowed)
+    return Implementation(name, backend, loss, fn, translate, imports, expr, **kwargs)
+
+
 # ----------------------------------------------------------------------------------------------
 # torch
 # ----------------------------------------------------------------------------------------------
@@ -67,9 +73,9 @@ def _translate(allowed, rename=None, defaults=None):
 def torch_cross_entropy() -> Implementation:
     import torch.nn.functional as F
 
-    return Implementation(
+    return _peer(
         "torch.nn.functional.cross_entropy", "torch", "softmax_cross_entropy", F.cross_entropy,
-        _translate({"weight", "ignore_index", "label_smoothing"}),
+        {"weight", "ignore_index", "label_smoothing"},
         "import torch.nn.functional as F", lambda kw: f"F.cross_entropy(x, t{format_kwargs(kw)})",
     )  # fmt: skip
 
@@ -77,9 +83,9 @@ def torch_cross_entropy() -> Implementation:
 def torch_bce_with_logits() -> Implementation:
     import torch.nn.functional as F
 
-    return Implementation(
+    return _peer(
         "torch.nn.functional.binary_cross_entropy_with_logits", "torch", "sigmoid_cross_entropy",
-        F.binary_cross_entropy_with_logits, _translate({"weight", "pos_weight"}),
+        F.binary_cross_entropy_with_logits, {"weight", "pos_weight"},
         "import torch.nn.functional as F",
         lambda kw: f"F.binary_cross_entropy_with_logits(x, t{format_kwargs(kw)})",
     )  # fmt: skip
@@ -103,9 +109,9 @@ def kornia_focal(x, t, gamma=2.0, ignore_index=-100, reduction="mean"):
 
 
 def kornia_focal_loss() -> Implementation:
-    return Implementation(
+    return _peer(
         "kornia.losses.focal_loss", "torch", "softmax_focal_loss", kornia_focal,
-        _translate({"gamma", "ignore_index"}),
+        {"gamma", "ignore_index"},
         "from dualloss.parity.peers import kornia_focal",
         lambda kw: f"kornia_focal(x, t{format_kwargs(kw)})",
         supports=lambda prep: prep.case.index_targets,
@@ -133,9 +139,9 @@ def torch_sigmoid(x):
 
 
 def torchvision_focal_formula() -> Implementation:
-    return Implementation(
+    return _peer(
         "torchvision.ops.sigmoid_focal_loss (formula)", "torch", "sigmoid_focal_loss",
-        torchvision_sigmoid_focal, _translate({"gamma", "alpha"}),
+        torchvision_sigmoid_focal, {"gamma", "alpha"},
         "from dualloss.parity.peers import torchvision_sigmoid_focal",
         lambda kw: f"torchvision_sigmoid_focal(x, t{format_kwargs(kw)})",
     )  # fmt: skip
@@ -166,9 +172,9 @@ def _optax_wrap(fn):
 def optax_integer_ce() -> Implementation:
     import optax
 
-    return Implementation(
+    return _peer(
         "optax.softmax_cross_entropy_with_integer_labels", "jax", "softmax_cross_entropy",
-        _optax_wrap(optax.softmax_cross_entropy_with_integer_labels), _translate({"where"}),
+        _optax_wrap(optax.softmax_cross_entropy_with_integer_labels), {"where"},
         "import optax", _optax_expr("softmax_cross_entropy_with_integer_labels"),
         supports=lambda prep: prep.case.index_targets and not _has_ignored(prep),
     )  # fmt: skip
@@ -177,9 +183,9 @@ def optax_integer_ce() -> Implementation:
 def optax_prob_ce() -> Implementation:
     import optax
 
-    return Implementation(
+    return _peer(
         "optax.softmax_cross_entropy", "jax", "softmax_cross_entropy",
-        _optax_wrap(optax.softmax_cross_entropy), _translate({"where"}),
+        _optax_wrap(optax.softmax_cross_entropy), {"where"},
         "import optax", _optax_expr("softmax_cross_entropy"),
         supports=lambda prep: not prep.case.index_targets,
     )  # fmt: skip
@@ -188,9 +194,9 @@ def optax_prob_ce() -> Implementation:
 def optax_sigmoid_bce() -> Implementation:
     import optax
 
-    return Implementation(
+    return _peer(
         "optax.sigmoid_binary_cross_entropy", "jax", "sigmoid_cross_entropy",
-        _optax_wrap(optax.sigmoid_binary_cross_entropy), _translate(set()),
+        _optax_wrap(optax.sigmoid_binary_cross_entropy), set(),
         "import optax", _optax_expr("sigmoid_binary_cross_entropy"),
     )  # fmt: skip
 
@@ -198,9 +204,9 @@ def optax_sigmoid_bce() -> Implementation:
 def optax_sigmoid_focal() -> Implementation:
     import optax
 
-    return Implementation(
+    return _peer(
         "optax.sigmoid_focal_loss", "jax", "sigmoid_focal_loss",
-        _optax_wrap(optax.sigmoid_focal_loss), _translate({"gamma", "alpha"}),
+        _optax_wrap(optax.sigmoid_focal_loss), {"gamma", "alpha"},
         "import optax", _optax_expr("sigmoid_focal_loss"),
     )  # fmt: skip
 

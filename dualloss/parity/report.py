@@ -9,6 +9,7 @@ from collections import defaultdict
 
 import numpy as np
 
+from .. import losses
 from .runner import RunResult
 
 COLUMNS = ("loss", "backend", "dtype", "device", "mode")
@@ -144,7 +145,7 @@ def _plots(result: RunResult, directory: str) -> list[tuple[str, str]]:
         fig.savefig(os.path.join(directory, name), dpi=90)
         plt.close(fig)
         written.append((f"{loss[0]}: error vs margin", name))
-    focal = [r for r in margin_records if "focal" in r.loss]
+    focal = [r for r in margin_records if losses.get(r.loss).is_focal]
     for (loss, impl), records in sorted(_group(focal, ("loss", "impl")).items()):
         margins = sorted({r.margin for r in records})
         gammas = sorted({r.gamma for r in records})

@@ -80,7 +80,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import spec
+from .. import losses
 
 UNIT_ROUNDOFF = {
     "float64": 2.0**-53,
@@ -103,12 +103,7 @@ SMALLEST_NORMAL = {
 MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
 K = 8.0
 
-LOSSES = (
-    "softmax_cross_entropy",
-    "softmax_focal_loss",
-    "sigmoid_cross_entropy",
-    "sigmoid_focal_loss",
-)
+LOSSES = losses.NAMES
 
 
 def dtype_name(dtype: Any) -> str:
@@ -137,81 +132,57 @@ def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 
 
-def _softmax_scales(loss: str, logits, targets, options):
+def _softmax_scales(info, logits, targets, options):
     """Per-element value scale (logits shape less the class axis), grad scale (logits shape)."""
-    options = dict(options)
-    axis = options.pop("axis", -1)
-    gamma = float(options.get("gamma", 2.0)) if loss == "softmax_focal_loss" else 0.0
-    vector = options.get("alpha") if loss == "softmax_focal_loss" else options.get("weight")
-    weight, alpha = (None, vector) if loss == "softmax_focal_loss" else (vector, None)
+    gamma = info.gamma(options)
     with np.errstate(all="ignore"):
-        z, t, keep, valid, _, class_weight, axis = spec._softmax_inputs(
-            logits,
-            targets,
-            axis,
-            weight,
-            alpha,
-            options.get("ignore_index", -100),
-            options.get("label_smoothing", 0.0),
-            options.get("where"),
-        )
-        a = np.abs(class_weight * t)
-        log_p, log_not_p, p, not_p, is_top, s, log1p_s = spec._log_softmax(z)
+        elements = info.intermediates(logits, targets, **options)
+        terms = elements.terms
+        z = elements.z
+        a = np.abs(elements.a)
         z_top = np.max(z, axis=-1, keepdims=True)
         kappa = np.where(np.isfinite(z), np.abs(z - z_top), 0.0)
-        focal_weight = np.exp(gamma * log_not_p) if gamma else np.ones_like(z)
+        log_not_p = terms.log_not_p
+        focal_weight = terms.focal_weight
         power_error = 1.0 + gamma * (1.0 + np.abs(np.where(np.isfinite(log_not_p), log_not_p, 0.0)))
-        finite_log_p = np.where(np.isfinite(log_p), np.abs(log_p), 0.0)
-        terms = np.where(
+        finite_log_p = np.where(np.isfinite(terms.log_p), np.abs(terms.log_p), 0.0)
+        terms_scale = np.where(
             a == 0.0, 0.0, a * focal_weight * (1.0 + kappa + finite_log_p) * power_error
         )
         # the class sums over the n_c classes with target mass (n_c = C with label smoothing)
         # carry the recursive-summation error (n_c - 1) u sum |term| (Higham, Thm 4.2)
         n_terms = np.sum(a != 0.0, axis=-1, keepdims=True)
         extra = np.maximum(n_terms - 1, 0)
-        value_scale = np.sum(terms, axis=-1) + extra[..., 0] * np.sum(
+        value_scale = np.sum(terms_scale, axis=-1) + extra[..., 0] * np.sum(
             np.where(a == 0.0, 0.0, a * focal_weight * finite_log_p), axis=-1
         )
-        if gamma:
-            phi = spec._focal_phi(log_p, p, not_p, is_top, s, log1p_s)
-            v = a * focal_weight * (1.0 - gamma * phi)
-        else:
-            v = a
-        big_v = np.abs(v) * (1.0 + kappa) * power_error
-        sum_v = np.sum(big_v, axis=-1, keepdims=True) + extra * np.sum(
-            np.abs(v), axis=-1, keepdims=True
-        )
-        grad_scale = p * (1.0 + kappa) * sum_v + big_v
-        value_scale = np.where(keep, value_scale, 0.0)
-        grad_scale = np.where(keep[..., None] & valid, grad_scale, 0.0)
-    return value_scale, np.moveaxis(grad_scale, -1, axis)
+        # v = a for gamma = 0; |v| because a weight or alpha may be negative in users' options
+        v = np.abs(terms.v)
+        big_v = v * (1.0 + kappa) * power_error
+        sum_v = np.sum(big_v, axis=-1, keepdims=True) + extra * np.sum(v, axis=-1, keepdims=True)
+        grad_scale = terms.p * (1.0 + kappa) * sum_v + big_v
+        value_scale = np.where(elements.keep, value_scale, 0.0)
+        grad_scale = np.where(elements.keep[..., None] & elements.valid, grad_scale, 0.0)
+    return value_scale, np.moveaxis(grad_scale, -1, elements.axis)
 
 
-def _sigmoid_scales(loss: str, logits, targets, options):
-    x = np.asarray(logits, dtype=np.float64)
-    t = np.asarray(targets, dtype=np.float64)
+def _sigmoid_scales(info, logits, targets, options):
+    """Per-element value and grad scales (logits shape) of a sigmoid loss."""
+    gamma = info.gamma(options)
     with np.errstate(all="ignore"):
-        if loss == "sigmoid_cross_entropy":
-            w = np.abs(np.broadcast_to(np.asarray(_or(options.get("weight"), 1.0), float), x.shape))
-            q = np.abs(
-                np.broadcast_to(np.asarray(_or(options.get("pos_weight"), 1.0), float), x.shape)
-            )
-            mass = w * (np.abs(1.0 - t) + q * np.abs(t))
+        elements = info.intermediates(logits, targets, **options)
+        x, t = elements.x, elements.t
+        if elements.focal is None:
+            mass = np.abs(elements.w) * (np.abs(1.0 - t) + np.abs(elements.q) * np.abs(t))
             return mass * (1.0 + np.abs(x)), 2.0 * mass
-        gamma = float(options.get("gamma", 2.0))
-        alpha = options.get("alpha")
-        alpha_t = 1.0 if alpha is None else np.abs(alpha * t + (1.0 - alpha) * (1.0 - t))
-        log_p = -np.logaddexp(0.0, -x)
-        log_not_p = -np.logaddexp(0.0, x)
-        log_not_pt = np.logaddexp(np.log1p(-t) + log_p, np.log(t) + log_not_p)
-        m = np.exp(gamma * log_not_pt) if gamma else np.ones_like(x)
+        focal = elements.focal
+        log_not_pt = focal.log_not_pt
         power_error = 1.0 + gamma * (1.0 + np.abs(np.where(np.isfinite(log_not_pt), log_not_pt, 0)))
-        base = alpha_t * m * (1.0 + np.abs(x)) * power_error
+        base = np.abs(focal.alpha_t) * focal.focal_weight * (1.0 + np.abs(x)) * power_error
         return base, base * (1.0 + gamma)
 
 
-def _or(value, default):
-    return default if value is None else value
+_SCALES = {"softmax": _softmax_scales, "sigmoid": _sigmoid_scales}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -308,29 +279,23 @@ def judge(
     Returns:
       a ``Judgement``; ``.ok`` is True when both are finite where the spec is and within tolerance.
     """
-    if loss not in LOSSES:
-        raise ValueError(f"`loss` must be one of {LOSSES}. Received: loss={loss!r}.")
+    info = losses.get(loss)
     dtype = dtype_name(dtype)
     options = dict(options or {})
     u = UNIT_ROUNDOFF[dtype]
     reduction = options.get("reduction", "mean")
-    fn = getattr(spec, loss)
-    grad_fn = getattr(spec, loss + "_grad")
-    expected_value = np.asarray(fn(logits, targets, **options))
-    expected_grad = None if grad is None else np.asarray(grad_fn(logits, targets, **options))
+    expected_value = np.asarray(info.spec(logits, targets, **options))
+    expected_grad = None if grad is None else np.asarray(info.grad(logits, targets, **options))
     element_options = dict(options, reduction="none")
-    elements = np.asarray(fn(logits, targets, **element_options))
-    if loss.startswith("softmax"):
-        value_scale, grad_scale = _softmax_scales(loss, logits, targets, element_options)
-    else:
-        value_scale, grad_scale = _sigmoid_scales(loss, logits, targets, element_options)
-    underflow = K * SMALLEST_NORMAL[dtype] * _underflow_multiplier(loss, options)
+    elements = np.asarray(info.spec(logits, targets, **element_options))
+    value_scale, grad_scale = _SCALES[info.family](info, logits, targets, element_options)
+    underflow = K * SMALLEST_NORMAL[dtype] * _underflow_multiplier(info, options)
     with np.errstate(all="ignore"):
         if reduction == "none":
             value_tolerance = K * u * (np.abs(elements) + value_scale) + underflow
             divisor = 1.0
         else:
-            divisor = _mean_divisor(loss, logits, targets, options) if reduction == "mean" else 1.0
+            divisor = _mean_divisor(info, logits, targets, options) if reduction == "mean" else 1.0
             n = max(elements.size, 1)
             summation = 1.0 + math.ceil(math.log2(n))
             value_tolerance = np.asarray(
@@ -369,32 +334,22 @@ def judge(
     )
 
 
-def _underflow_multiplier(loss: str, options: dict) -> float:
+def _underflow_multiplier(info, options: dict) -> float:
     """(1 + gamma) * max(1, |weight|, |alpha|, |pos_weight|): how much an underflowed
     intermediate can be scaled up before it reaches the output."""
-    gamma = float(options.get("gamma", 2.0)) if "focal" in loss else 0.0
     largest = 1.0
-    for key in ("weight", "alpha", "pos_weight"):
+    for key in info.factors():
         value = options.get(key)
         if value is not None:
             largest = max(largest, float(np.max(np.abs(np.asarray(value, dtype=np.float64)))))
-    return (1.0 + gamma) * largest
+    return (1.0 + info.gamma(options)) * largest
 
 
-def _mean_divisor(loss, logits, targets, options) -> float:
-    """The denominator of reduction 'mean' (torch semantics, DESIGN.md section 6); 1 when 0."""
-    logits = np.asarray(logits)
-    targets = np.asarray(targets)
-    if loss.startswith("sigmoid") or not np.issubdtype(targets.dtype, np.integer):
-        axis = options.get("axis", -1) if loss.startswith("softmax") else None
-        count = logits.size if axis is None else logits.size // max(logits.shape[axis], 1)
-        return float(max(count, 1))
-    keep = targets != options.get("ignore_index", -100)
-    weight = options.get("weight") if loss == "softmax_cross_entropy" else None
-    if weight is None:
-        return float(max(np.sum(keep), 1))
-    weight = np.asarray(weight, dtype=np.float64)
-    denominator = float(np.sum(np.where(keep, weight[np.where(keep, targets, 0)], 0.0)))
+def _mean_divisor(info, logits, targets, options) -> float:
+    """The denominator of reduction 'mean' (torch semantics, DESIGN.md section 6), as the spec
+    computes it; 1 when it is 0 (the mean is then 0)."""
+    with np.errstate(all="ignore"):
+        denominator = info.intermediates(logits, targets, **options).denominator
     return denominator if denominator != 0.0 else 1.0
 
 

@@ -1,0 +1,483 @@
+"""The registry: one record per loss, everything the machinery needs to know about it.
+
+A loss *is* its ``LossInfo``: its name and family, the spec's value and gradient functions, its
+options (domain, default, neutral value, whether it is differentiable), the adversarial regions
+the parity suite feeds it, the error inputs every implementation must refuse with the same
+message, and the public peers it is measured against. Code that asks "is this a softmax loss,
+does it have gamma, which option is its per-class vector" asks the record, never the name's text
+(the model is torch's OpInfo, ``torch/testing/_internal/opinfo/core.py``).
+
+Adding a loss = its function in ``spec.py``, ``torch_impl.py`` and ``jax_impl.py`` (same order,
+same local names) + one ``LossInfo`` here + one mpmath formula in ``tests/mp_oracle.py``.
+
+Framework-free: importing this module imports NumPy and the spec only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import spec
+
+__all__ = [
+    "ErrorInput",
+    "LOSSES",
+    "LossInfo",
+    "NAMES",
+    "Option",
+    "REGIONS",
+    "get",
+    "of_family",
+]
+
+FAMILIES = ("softmax", "sigmoid")
+
+# every adversarial region of the parity suite (``dualloss.parity.cases``), in seed order
+REGIONS = (
+    "typical",
+    "confident_correct",
+    "confident_wrong",
+    "near_ties",
+    "huge_shift",
+    "masked",
+    "soft_targets",
+    "masked_soft",
+    "label_smoothing",
+    "ignored",
+    "all_ignored",
+    "classes",
+    "spatial",
+    "where",
+    "options",
+)
+SIGMOID_REGIONS = (
+    "typical",
+    "confident_correct",
+    "confident_wrong",
+    "near_ties",
+    "soft_targets",
+    "spatial",
+    "options",
+)
+
+
+@dataclass(frozen=True)
+class Option:
+    """A keyword argument of a loss.
+
+    `kind` says what it is: 'real' (a number; `low`/`high` bound it), 'class_vector' (length C),
+    'scalar_or_class_vector' (softmax focal alpha), 'elementwise' (broadcastable to the logits),
+    'index' (an integer), 'mask' (boolean, the logits or the batch shape), 'choice' (`choices`).
+    `neutral` is the value at which the option changes nothing; `factor` marks the weights that
+    multiply the loss (their size scales every error, see ``parity.tolerance``).
+    """
+
+    name: str
+    kind: str
+    default: Any
+    neutral: Any
+    differentiable: bool = False
+    low: float | None = None
+    high: float | None = None
+    choices: tuple = ()
+    factor: bool = False
+
+    def is_neutral(self, value: Any) -> bool:
+        """True when `value` is this option's neutral value (arrays never are)."""
+        if value is None or self.neutral is None:
+            return value is None and self.neutral is None
+        return bool(np.isscalar(value) and value == self.neutral)
+
+
+@dataclass(frozen=True)
+class ErrorInput:
+    """A call that every implementation must refuse: `kwargs` added to the loss's sample call
+    (``LossInfo.sample_inputs``), or its `logits` / `targets` replaced (NumPy, at most 2-D, so
+    that the torch layout reads them alike), the exception type and the exact message."""
+
+    description: str
+    kwargs: dict = field(default_factory=dict)
+    error: type = ValueError
+    message: str = ""
+    logits: Any = None
+    targets: Any = None
+
+
+@dataclass(frozen=True)
+class LossInfo:
+    """Everything about one loss (see the module docstring)."""
+
+    name: str
+    family: str
+    options: tuple[Option, ...]
+    differentiable: tuple[str, ...]
+    regions: tuple[str, ...]
+    error_inputs: tuple[ErrorInput, ...] = ()
+    # keys of ``dualloss.parity.peers.PEERS``: the public functions of the same loss
+    peers: tuple[str, ...] = ()
+    # the option that holds the per-class vector (softmax), if any
+    class_vector: str | None = None
+    # the mean's denominator for class-index targets: 'weights' (summed weights of the kept
+    # targets, torch's weighted CE) or 'kept' (number of kept targets)
+    index_mean: str = "kept"
+    # settings shared by candidate and peer in ``benchmarks`` (the focal papers' defaults)
+    benchmark_options: dict = field(default_factory=dict)
+
+    def sample_inputs(self) -> tuple[np.ndarray, np.ndarray]:
+        """A small valid (logits, targets) pair, 2-D: (4, 5) with class indices for the softmax
+        family, (2, 3) with probabilities 0.5 for the sigmoid family."""
+        if self.is_softmax:
+            return np.zeros((4, 5)), np.arange(4)
+        return np.zeros((2, 3)), np.full((2, 3), 0.5)
+
+    @property
+    def spec(self) -> Callable:
+        return getattr(spec, self.name)
+
+    @property
+    def grad(self) -> Callable:
+        return getattr(spec, self.name + "_grad")
+
+    @property
+    def intermediates(self) -> Callable:
+        """The spec's loss before its reduction (``spec.<name>_intermediates``)."""
+        return getattr(spec, self.name + "_intermediates")
+
+    @property
+    def is_softmax(self) -> bool:
+        return self.family == "softmax"
+
+    @property
+    def is_focal(self) -> bool:
+        return self.has("gamma")
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(option.name for option in self.options)
+
+    def has(self, name: str) -> bool:
+        return name in self.option_names
+
+    def option(self, name: str) -> Option:
+        for option in self.options:
+            if option.name == name:
+                return option
+        raise ValueError(
+            f"`option` must be one of {self.option_names} for {self.name}. Received: {name!r}."
+        )
+
+    def default(self, name: str) -> Any:
+        return self.option(name).default
+
+    def gamma(self, options: dict) -> float:
+        """The focusing parameter in effect: `options['gamma']`, its default, or 0 (no gamma)."""
+        if not self.is_focal:
+            return 0.0
+        return float(options.get("gamma", self.default("gamma")))
+
+    def factors(self) -> tuple[str, ...]:
+        """The options that multiply the loss (weights, alpha, pos_weight)."""
+        return tuple(option.name for option in self.options if option.factor)
+
+
+# ----------------------------------------------------------------------------------------------
+# Options
+# ----------------------------------------------------------------------------------------------
+
+REDUCTION = Option("reduction", "choice", "mean", None, choices=("none", "mean", "sum"))
+GAMMA = Option("gamma", "real", 2.0, 0.0, differentiable=True, low=0.0)
+IGNORE_INDEX = Option("ignore_index", "index", -100, -100)
+LABEL_SMOOTHING = Option(
+    "label_smoothing", "real", 0.0, 0.0, differentiable=True, low=0.0, high=1.0
+)
+WHERE = Option("where", "mask", None, None)
+AXIS = Option("axis", "index", -1, -1)
+
+# the error inputs every loss of a family shares (messages of ``dualloss._checks``)
+_REDUCTION_ERROR = ErrorInput(
+    "unknown reduction",
+    {"reduction": "avg"},
+    ValueError,
+    "`reduction` must be one of 'none', 'mean', 'sum'. Received: reduction='avg'.",
+)
+_GAMMA_ERRORS = (
+    ErrorInput(
+        "negative gamma",
+        {"gamma": -1.0},
+        ValueError,
+        "`gamma` must be a finite number >= 0. Received: gamma=-1.0.",
+    ),
+    ErrorInput(
+        "gamma given as text",
+        {"gamma": "2"},
+        TypeError,
+        "`gamma` must be a real number. Received: gamma='2'.",
+    ),
+)
+_SOFTMAX_ERRORS = (
+    _REDUCTION_ERROR,
+    ErrorInput(
+        "label smoothing above 1",
+        {"label_smoothing": 1.5},
+        ValueError,
+        "`label_smoothing` must be in [0, 1]. Received: label_smoothing=1.5.",
+    ),
+    ErrorInput(
+        "class index out of range",
+        {},
+        ValueError,
+        "`targets` has class index 7 at position (3,), outside [0, 5) and not ignore_index=-100.",
+        targets=np.array([0, 1, -100, 7]),
+    ),
+    ErrorInput(
+        "integer logits",
+        {},
+        TypeError,
+        "`logits` must have a floating dtype. Received: logits.dtype=int32.",
+        logits=np.zeros((4, 5), dtype=np.int32),
+    ),
+    ErrorInput(
+        "boolean targets",
+        {},
+        TypeError,
+        "`targets` must hold integer class indices or floating class probabilities. "
+        "Received: targets.dtype=bool.",
+        targets=np.ones(4, dtype=bool),
+    ),
+    ErrorInput(
+        "class-index targets of the wrong shape",
+        {},
+        ValueError,
+        "`targets` of class indices must have shape (4,), the logits shape (4, 5) without axis 1. "
+        "Received: targets.shape=(5,).",
+        targets=np.zeros(5, dtype=np.int32),
+    ),
+    ErrorInput(
+        "class axis out of range",
+        {"axis": 3},
+        ValueError,
+        "`axis` must be in [-2, 2) for logits with 2 dimensions. Received: axis=3.",
+    ),
+    ErrorInput(
+        "non-integer ignore_index",
+        {"ignore_index": 1.5},
+        TypeError,
+        "`ignore_index` must be an integer. Received: ignore_index=1.5.",
+    ),
+    ErrorInput(
+        "non-boolean where",
+        {"where": np.ones(5, dtype=np.float32)},
+        TypeError,
+        "`where` must be a boolean mask. Received: where.dtype=float32.",
+    ),
+    ErrorInput(
+        "where that does not broadcast",
+        {"where": np.ones((3, 5), dtype=bool)},
+        ValueError,
+        "`where` must broadcast to the logits shape (4, 5). Received: where.shape=(3, 5).",
+    ),
+    ErrorInput(
+        "probability targets of the wrong shape",
+        {},
+        ValueError,
+        "`targets` of class probabilities must have the logits shape (4, 5). "
+        "Received: targets.shape=(4, 4).",
+        targets=np.full((4, 4), 0.25),
+    ),
+)
+_SIGMOID_ERRORS = (
+    _REDUCTION_ERROR,
+    ErrorInput(
+        "targets of the wrong shape",
+        {},
+        ValueError,
+        "`targets` must have the logits shape (2, 3). Received: targets.shape=(3,).",
+        targets=np.full(3, 0.5),
+    ),
+    ErrorInput(
+        "integer targets",
+        {},
+        TypeError,
+        "`targets` must have a floating dtype (probabilities in [0, 1]). "
+        "Received: targets.dtype=int32.",
+        targets=np.ones((2, 3), dtype=np.int32),
+    ),
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# The losses
+# ----------------------------------------------------------------------------------------------
+
+SOFTMAX_CROSS_ENTROPY = LossInfo(
+    name="softmax_cross_entropy",
+    family="softmax",
+    options=(
+        AXIS,
+        Option("weight", "class_vector", None, None, differentiable=True, factor=True),
+        IGNORE_INDEX,
+        LABEL_SMOOTHING,
+        WHERE,
+        REDUCTION,
+    ),
+    differentiable=("logits", "targets", "weight", "label_smoothing"),
+    regions=REGIONS,
+    error_inputs=_SOFTMAX_ERRORS
+    + (
+        ErrorInput(
+            "weight of the wrong length",
+            {"weight": np.ones(3, dtype=np.float32)},
+            ValueError,
+            "`weight` must be a vector of length 5 (one entry per class). "
+            "Received: weight.shape=(3,).",
+        ),
+    ),
+    peers=(
+        "torch.cross_entropy",
+        "optax.softmax_cross_entropy_with_integer_labels",
+        "optax.softmax_cross_entropy",
+    ),
+    class_vector="weight",
+    index_mean="weights",
+)
+
+SOFTMAX_FOCAL_LOSS = LossInfo(
+    name="softmax_focal_loss",
+    family="softmax",
+    options=(
+        AXIS,
+        GAMMA,
+        Option(
+            "alpha",
+            "scalar_or_class_vector",
+            None,
+            None,
+            differentiable=True,
+            low=0.0,
+            high=1.0,
+            factor=True,
+        ),
+        IGNORE_INDEX,
+        LABEL_SMOOTHING,
+        WHERE,
+        REDUCTION,
+    ),
+    differentiable=("logits", "targets", "gamma", "alpha", "label_smoothing"),
+    regions=REGIONS,
+    error_inputs=_SOFTMAX_ERRORS
+    + _GAMMA_ERRORS
+    + (
+        ErrorInput(
+            "alpha above 1",
+            {"alpha": 1.5},
+            ValueError,
+            "`alpha` must be in [0, 1]. Received: alpha=1.5.",
+        ),
+        ErrorInput(
+            "alpha vector with an entry above 1",
+            {"alpha": np.array([0.5, 2.0, 0.0, 0.0, 0.0], dtype=np.float32)},
+            ValueError,
+            "`alpha` must have every entry in [0, 1]. Received: alpha[1]=2.0.",
+        ),
+        ErrorInput(
+            "alpha vector of the wrong length",
+            {"alpha": np.full(3, 0.5, dtype=np.float32)},
+            ValueError,
+            "`alpha` must be a vector of length 5 (one entry per class). "
+            "Received: alpha.shape=(3,).",
+        ),
+    ),
+    peers=("kornia.focal_loss",),
+    class_vector="alpha",
+    index_mean="kept",
+    benchmark_options={"gamma": 2.0, "alpha": 0.25},
+)
+
+SIGMOID_CROSS_ENTROPY = LossInfo(
+    name="sigmoid_cross_entropy",
+    family="sigmoid",
+    options=(
+        Option("weight", "elementwise", None, None, differentiable=True, factor=True),
+        Option("pos_weight", "elementwise", None, None, differentiable=True, factor=True),
+        REDUCTION,
+    ),
+    differentiable=("logits", "targets", "weight", "pos_weight"),
+    regions=SIGMOID_REGIONS,
+    error_inputs=_SIGMOID_ERRORS
+    + (
+        ErrorInput(
+            "pos_weight that does not broadcast",
+            {"pos_weight": np.ones(2, dtype=np.float32)},
+            ValueError,
+            "`pos_weight` must broadcast to the logits shape (2, 3). "
+            "Received: pos_weight.shape=(2,).",
+        ),
+        ErrorInput(
+            "weight that does not broadcast",
+            {"weight": np.ones((3, 3), dtype=np.float32)},
+            ValueError,
+            "`weight` must broadcast to the logits shape (2, 3). Received: weight.shape=(3, 3).",
+        ),
+    ),
+    peers=("torch.binary_cross_entropy_with_logits", "optax.sigmoid_binary_cross_entropy"),
+)
+
+SIGMOID_FOCAL_LOSS = LossInfo(
+    name="sigmoid_focal_loss",
+    family="sigmoid",
+    options=(
+        GAMMA,
+        Option("alpha", "real", None, None, differentiable=True, low=0.0, high=1.0, factor=True),
+        REDUCTION,
+    ),
+    differentiable=("logits", "targets", "gamma", "alpha"),
+    regions=SIGMOID_REGIONS,
+    error_inputs=_SIGMOID_ERRORS
+    + _GAMMA_ERRORS
+    + (
+        ErrorInput(
+            "alpha above 1",
+            {"alpha": 1.5},
+            ValueError,
+            "`alpha` must be in [0, 1]. Received: alpha=1.5.",
+        ),
+        ErrorInput(
+            "alpha given as a vector",
+            {"alpha": [0.25, 0.75]},
+            TypeError,
+            "`alpha` must be None or a number in [0, 1]. Received: alpha=[0.25, 0.75].",
+        ),
+    ),
+    peers=("torchvision.sigmoid_focal_loss", "optax.sigmoid_focal_loss"),
+    benchmark_options={"gamma": 2.0, "alpha": 0.25},
+)
+
+LOSSES: tuple[LossInfo, ...] = (
+    SOFTMAX_CROSS_ENTROPY,
+    SOFTMAX_FOCAL_LOSS,
+    SIGMOID_CROSS_ENTROPY,
+    SIGMOID_FOCAL_LOSS,
+)
+NAMES: tuple[str, ...] = tuple(info.name for info in LOSSES)
+_BY_NAME = {info.name: info for info in LOSSES}
+
+
+def get(name: Any) -> LossInfo:
+    """The record of the loss called `name` (a LossInfo is returned as it is)."""
+    if isinstance(name, LossInfo):
+        return name
+    try:
+        return _BY_NAME[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"`loss` must be one of {NAMES}. Received: loss={name!r}.") from None
+
+
+def of_family(family: str) -> tuple[LossInfo, ...]:
+    """The records of one family ('softmax' or 'sigmoid')."""
+    if family not in FAMILIES:
+        raise ValueError(f"`family` must be one of {FAMILIES}. Received: family={family!r}.")
+    return tuple(info for info in LOSSES if info.family == family)
