@@ -29,6 +29,7 @@ from benchmarks import peers, run  # noqa: E402
 TINY = (16, 7)
 
 
+@pytest.mark.slow
 def test_benchmark_command_runs_at_tiny_size(tmp_path):
     out, png = tmp_path / "results.json", tmp_path / "ratios.png"
     completed = subprocess.run(

@@ -362,6 +362,7 @@ SHARDED = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_batch_axis_sharded_over_8_devices_matches_unsharded():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
     env["JAX_PLATFORMS"] = "cpu"

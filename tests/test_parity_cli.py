@@ -69,6 +69,7 @@ def test_run_report_torch_subset(tmp_path, capsys):
     assert any(name.endswith(".png") for name in os.listdir(tmp_path))
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs():
     out = subprocess.run([sys.executable, "-m", "dualloss.parity", "--help"],
                          capture_output=True, text=True, check=True)  # fmt: skip

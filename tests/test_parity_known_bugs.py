@@ -88,6 +88,7 @@ def jax_focal_pow_zero(logits, targets):
     return (-((1 - jnp.exp(log_p_t)) ** 0.0) * log_p_t).mean()
 
 
+@pytest.mark.slow
 def test_jax_pow_zero_is_flagged():
     report = check(
         jax_focal_pow_zero,
@@ -110,6 +111,7 @@ def jax_where_log(logits, labels):
     return -(labels * pos + (1 - labels) * neg).mean()
 
 
+@pytest.mark.slow
 def test_jax_where_log_is_flagged():
     report = check(jax_where_log, "sigmoid_cross_entropy", backend="jax", **FAST)
     assert "non-finite" in _kinds(report)
@@ -156,6 +158,7 @@ def test_torch_bce_with_logits_passes():
 optax = pytest.importorskip("optax")
 
 
+@pytest.mark.slow
 def test_optax_integer_labels_passes_outside_large_logits():
     # no ignore_index in optax; huge_shift: optax's lse - z_y loses u * max|z| (absorption), a
     # finding (docs/nan-hazards.md); Hypothesis finds it at [[800, 800]], so adversarial only
@@ -175,12 +178,14 @@ def test_optax_integer_labels_huge_shift_absorption_is_flagged():
     ), report
 
 
+@pytest.mark.slow
 def test_optax_sigmoid_binary_cross_entropy_passes():
     fn = lambda x, t: optax.sigmoid_binary_cross_entropy(x, t).mean()  # noqa: E731
     report = check(fn, "sigmoid_cross_entropy", backend="jax", **FAST)
     assert report.ok, str(report)
 
 
+@pytest.mark.slow
 def test_optax_sigmoid_focal_loss_passes_in_float32():
     fn = lambda x, t: optax.sigmoid_focal_loss(x, t, gamma=2.0).mean()  # noqa: E731
     report = check(fn, "sigmoid_focal_loss", backend="jax", options={"gamma": 2.0}, **FAST)

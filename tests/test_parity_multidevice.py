@@ -24,6 +24,7 @@ print(json.dumps({"devices": sorted({r.device for r in res.records}), "ok": res.
 """
 
 
+@pytest.mark.slow
 def test_every_jax_device_is_judged_and_compared():
     env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2",
                JAX_PLATFORMS="cpu")  # fmt: skip
