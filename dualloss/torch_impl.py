@@ -7,12 +7,17 @@ function by function with the same local names. What differs:
 * Dtypes: float64 and float32 are computed in their own precision; float16 and bfloat16 in float32,
   the loss returned (and the gradient given back) in the input dtype. Weights, ``alpha`` and
   ``pos_weight`` are moved to the logits' device and compute dtype.
-* Gradients: every loss is a ``torch.autograd.Function`` whose backward is the spec's closed-form
-  gradient (``setup_context`` style, ``generate_vmap_rule = True``: ``torch.func.grad``/``vmap``
-  work). The backward recomputes the probabilities from the saved inputs (the logits, the targets,
-  the user's ``where``/weights) plus nothing else, so the loss keeps no tensor alive beyond its
-  own inputs. The backward is written in differentiable torch ops (with the "double where" around
-  every branch), so ``create_graph=True`` gives second-order gradients.
+* Gradients: where the spec's ``*_terms`` functions return (loss, grad), each one here takes a
+  last argument `grad_loss` and returns the per-element loss when it is None, else the logits'
+  gradient times `grad_loss`. Every loss goes through one ``torch.autograd.Function``
+  (``_ClosedFormGrad``, wrapped by ``_with_closed_form_grad`` like jax_impl's custom_jvp) whose
+  forward is ``loss_or_grad(*inputs, None)`` and whose backward is the spec's closed-form gradient
+  ``loss_or_grad(*inputs, grad_loss)`` (``setup_context`` style, ``generate_vmap_rule = True``:
+  ``torch.func.grad``/``vmap`` work). The backward recomputes the probabilities from the saved
+  inputs (the logits, the targets, the user's ``where``/weights) plus nothing else, so the loss
+  keeps no tensor alive beyond its own inputs. The backward is written in differentiable torch ops
+  (with the "double where" around every branch), so ``create_graph=True`` gives second-order
+  gradients.
 * Fast path: class-index targets without label smoothing never build an N x C target tensor;
   only the target's column is gathered (``_softmax_focal_terms_sparse``, the spec's
   ``_softmax_focal_terms`` with a one-hot ``a``).
@@ -231,6 +236,55 @@ def _softmax_targets(logits, targets, where, class_weight, axis, ignore_index, l
 
 
 # ----------------------------------------------------------------------------------------------
+# Closed-form derivative rules
+# ----------------------------------------------------------------------------------------------
+
+
+class _ClosedFormGrad(torch.autograd.Function):
+    """loss_or_grad(*saved, *options, None) with backward loss_or_grad(*saved, *options, grad_loss).
+
+    Saves the first `num_saved` inputs only (tensors or None); the options are kept as they are.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(loss_or_grad, num_saved, *inputs):
+        return loss_or_grad(*inputs, None)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        loss_or_grad, num_saved, *inputs = inputs
+        ctx.save_for_backward(*inputs[:num_saved])
+        ctx.loss_or_grad = loss_or_grad
+        ctx.options = inputs[num_saved:]
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        saved = ctx.saved_tensors
+        grad = ctx.loss_or_grad(*saved, *ctx.options, grad_loss)
+        return None, None, grad, *([None] * (len(saved) + len(ctx.options) - 1))
+
+
+def _with_closed_form_grad(loss_or_grad, num_saved):
+    """`loss_or_grad(logits, ...)` (its last argument `grad_loss` left out) as an autograd function
+    whose gradient w.r.t. the logits is the closed form ``loss_or_grad(logits, ..., grad_loss)``."""
+
+    def value(*inputs):
+        return _ClosedFormGrad.apply(loss_or_grad, num_saved, *inputs)
+
+    return value
+
+
+def _inplace(*tensors):
+    """In-place updates of fresh temporaries are safe: not when autograd records the backward
+    (create_graph=True) or when torch.func may batch one operand and not the other."""
+    if torch.is_grad_enabled():
+        return False
+    return all(x is None or _values_are_concrete(x) for x in tensors)
+
+
+# ----------------------------------------------------------------------------------------------
 # Softmax core
 # ----------------------------------------------------------------------------------------------
 
@@ -262,7 +316,7 @@ def _log_softmax(z):
     Only the largest logit (the "top" class, first one on ties) can have p > 1/2. With
     s = sum_{j != top} exp(z_j - z_top), the normaliser is 1 + s exactly, so
       log p_c       = (z_c - z_top) - log1p(s)
-      log(1 - p_top) = log(s) - log1p(s)
+      log(1 - p_top) = log(s) - log1p(s),  log s = logsumexp_{j != top} (z_j - z_top)
       log(1 - p_c)  = log1p(-p_c) for every other class (p_c <= 1/2, no cancellation).
     """
     num_classes = z.shape[-1]
@@ -306,12 +360,12 @@ def _sum_except_self(v):
     return (total - v).scatter(-1, big, rest_of_big)
 
 
-def _softmax_focal_terms(z, a, gamma, need_grad):
-    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c and its gradient (class axis last).
+def _softmax_focal_terms(z, a, gamma, grad_loss):
+    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c, or its gradient times `grad_loss`.
 
     With gamma = 0 this is the (weighted) softmax cross entropy -sum_c a_c log p_c.
     The gradient is p_j sum_{c != j} v_c - (1 - p_j) v_j, the same as p * sum(v) - v but free of
-    the cancellation p_j - 1 when p_j is close to 1. (`need_grad`: grad, else loss, is computed.)
+    the cancellation p_j - 1 when p_j is close to 1. Class axis last; `grad_loss` None: the loss.
     """
     log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
     if gamma == 0.0:
@@ -323,13 +377,13 @@ def _softmax_focal_terms(z, a, gamma, need_grad):
         focal_weight = torch.exp(gamma * log_not_p)
         phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
         v = a * focal_weight * (1.0 - gamma * phi)
-    if not need_grad:
+    if grad_loss is None:
         # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf
         weighted = a if focal_weight is None else a * focal_weight
         loss = -torch.where(a == 0.0, 0.0, weighted * log_p).sum(dim=-1)
-        return loss, None
+        return loss
     grad = p * _sum_except_self(v) - not_p * v
-    return None, grad
+    return grad * grad_loss.unsqueeze(-1)
 
 
 def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss):
@@ -395,11 +449,8 @@ def _softmax_loss_or_grad(
     )
     if a is None:
         result = _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss)
-    elif grad_loss is None:
-        result, _ = _softmax_focal_terms(z, a, gamma, need_grad=False)
     else:
-        _, grad = _softmax_focal_terms(z, a, gamma, need_grad=True)
-        result = grad * grad_loss.unsqueeze(-1)
+        result = _softmax_focal_terms(z, a, gamma, grad_loss)
     if grad_loss is None:
         # ignored elements give 0, whatever their logits
         return result if keep is None else torch.where(keep, result, 0.0)
@@ -416,31 +467,8 @@ def _softmax_loss_or_grad(
     return grad.movedim(-1, axis).to(logits.dtype)
 
 
-class _SoftmaxFocal(torch.autograd.Function):
-    """Per-element softmax focal loss (gamma = 0: cross entropy) with the spec's gradient.
-
-    Saves the inputs only (logits, targets, where, class_weight); backward recomputes p.
-    """
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing):
-        return _softmax_loss_or_grad(
-            logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, None
-        )
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        logits, targets, where, class_weight, *options = inputs
-        ctx.save_for_backward(logits, targets, where, class_weight)
-        ctx.options = options
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        logits, targets, where, class_weight = ctx.saved_tensors
-        grad = _softmax_loss_or_grad(logits, targets, where, class_weight, *ctx.options, grad_loss)
-        return grad, None, None, None, None, None, None, None
+# saves logits, targets, where, class_weight; axis, gamma, ignore_index, label_smoothing are options
+_softmax_focal_loss = _with_closed_form_grad(_softmax_loss_or_grad, 4)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -488,7 +516,7 @@ def _softmax(
     logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index = (
         _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where)
     )
-    loss = _SoftmaxFocal.apply(
+    loss = _softmax_focal_loss(
         logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing
     )
     keep = targets != ignore_index if is_index else None
@@ -594,30 +622,40 @@ def _sigmoid(x):
     return torch.sigmoid(x)
 
 
-def _sigmoid_terms(x, t, q, need_grad, inplace):
-    """Per-element sigmoid cross entropy (w = 1), or (`need_grad`) its gradient.
+def _sigmoid_terms(x, t, w, q, grad_loss):
+    """Per-element sigmoid cross entropy, or its gradient times `grad_loss` (`w`, `q` None: 1).
 
     l = (1 - t) softplus(x) + q t softplus(-x), the same as torch's
     (1 - t) x + (1 + (q - 1) t) softplus(-x).
     dl/dx = (1 - t) sigma(x) - q t sigma(-x), the same as (q t + 1 - t) sigma(x) - q t.
     Fast path (q = 1): l = softplus(x) - t x and dl/dx = sigma(x) - t, one fused pass each
     after softplus/sigmoid; their rounding error is u |x| and u absolute, the size of the error
-    softplus and sigma already carry (``parity.tolerance``: scale (1 + |x|)).
+    softplus and sigma already carry (``parity.tolerance``: scale (1 + |x|)). The weight `w`
+    multiplies the loss, or the gradient before `grad_loss` does.
     """
-    if not need_grad:
+    inplace = _inplace(x, t, w, q, grad_loss)
+    if grad_loss is None:
         # -log(1 - sigma(x)) = softplus(x), -log(sigma(x)) = softplus(-x) = softplus(x) - x
         not_log_not_p = _softplus(x)
         if q is None:
-            return _addcmul(not_log_not_p, t, x, -1.0, inplace)
-        not_log_p = _softplus(-x)
-        loss = _addcmul(not_log_not_p, t, not_log_not_p, -1.0, inplace)
-        return _addcmul(loss, q * t, not_log_p, 1.0, inplace)
+            loss = _addcmul(not_log_not_p, t, x, -1.0, inplace)
+        else:
+            not_log_p = _softplus(-x)
+            loss = _addcmul(not_log_not_p, t, not_log_not_p, -1.0, inplace)
+            loss = _addcmul(loss, q * t, not_log_p, 1.0, inplace)
+        if w is None:
+            return loss
+        return loss.mul_(w) if inplace else loss * w
     p = _sigmoid(x)
     if q is None:
-        return p.sub_(t) if inplace else p - t
-    not_p = _sigmoid(-x)
-    grad = _addcmul(p, t, p, -1.0, inplace)
-    return _addcmul(grad, q * t, not_p, -1.0, inplace)
+        grad = p.sub_(t) if inplace else p - t
+    else:
+        not_p = _sigmoid(-x)
+        grad = _addcmul(p, t, p, -1.0, inplace)
+        grad = _addcmul(grad, q * t, not_p, -1.0, inplace)
+    if w is not None:
+        grad = grad.mul_(w) if inplace else grad * w
+    return grad.mul_(grad_loss) if inplace else grad * grad_loss
 
 
 def _addcmul(a, b, c, value, inplace):
@@ -625,53 +663,24 @@ def _addcmul(a, b, c, value, inplace):
     return a.addcmul_(b, c, value=value) if inplace else torch.addcmul(a, b, c, value=value)
 
 
-def _inplace(*tensors):
-    """In-place updates of fresh temporaries are safe: not when autograd records the backward
-    (create_graph=True) or when torch.func may batch one operand and not the other."""
-    if torch.is_grad_enabled():
-        return False
-    return all(x is None or _values_are_concrete(x) for x in tensors)
-
-
-def _sigmoid_reduce(loss, reduction):
-    return _reduce(loss, reduction, loss.numel())
-
-
 def _sigmoid_cross_entropy_or_grad(logits, targets, weight, pos_weight, grad_loss):
+    """The per-element loss (`grad_loss` None) or the logits' gradient (times `grad_loss`)."""
     x = logits.to(_compute_dtype(logits.dtype))
     # NaN or +inf in the logits: NaN in that element (DESIGN 5), never a plausible inf or 0
     x = torch.nan_to_num(x, nan=math.nan, posinf=math.nan, neginf=-math.inf)
     t = targets.to(x.dtype)
     w = None if weight is None else weight.to(x.dtype)
     q = None if pos_weight is None else pos_weight.to(x.dtype)
-    inplace = _inplace(x, t, w, q, grad_loss)
-    result = _sigmoid_terms(x, t, q, grad_loss is not None, inplace)
-    if w is not None:
-        result = result.mul_(w) if inplace else result * w
-    if grad_loss is None:
-        return result
-    grad = result.mul_(grad_loss) if inplace else result * grad_loss
-    return grad.to(logits.dtype)
+    result = _sigmoid_terms(x, t, w, q, grad_loss)
+    return result if grad_loss is None else result.to(logits.dtype)
 
 
-class _SigmoidCrossEntropy(torch.autograd.Function):
-    """Per-element sigmoid cross entropy with the spec's gradient; saves the inputs only."""
+# saves logits, targets, weight, pos_weight
+_sigmoid_cross_entropy_value = _with_closed_form_grad(_sigmoid_cross_entropy_or_grad, 4)
 
-    generate_vmap_rule = True
 
-    @staticmethod
-    def forward(logits, targets, weight, pos_weight):
-        return _sigmoid_cross_entropy_or_grad(logits, targets, weight, pos_weight, None)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        logits, targets, weight, pos_weight = ctx.saved_tensors
-        grad = _sigmoid_cross_entropy_or_grad(logits, targets, weight, pos_weight, grad_loss)
-        return grad, None, None, None
+def _sigmoid_reduce(loss, reduction):
+    return _reduce(loss, reduction, loss.numel())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -682,7 +691,7 @@ class _SigmoidCrossEntropy(torch.autograd.Function):
 def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
     reduction = _checks.reduction(reduction)
     logits, targets, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
-    loss = _SigmoidCrossEntropy.apply(logits, targets, w, q)
+    loss = _sigmoid_cross_entropy_value(logits, targets, w, q)
     if loss.shape != logits.shape:
         # a weight broadcast over more than the logits' elements cannot occur (checked above)
         loss = loss.expand(logits.shape)
@@ -704,7 +713,7 @@ def sigmoid_cross_entropy(
     return _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
 
 
-def _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss, inplace):
+def _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss):
     """Per-element sigmoid focal loss, or its gradient times `grad_loss` (torchvision semantics).
 
     p_t = p t + (1 - p)(1 - t), so 1 - p_t = p (1 - t) + (1 - p) t;
@@ -718,8 +727,9 @@ def _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss, inplace):
     so the dropped term is below the dtype's roundoff of the loss); r uses 1 - p_t clamped at the
     smallest normal, 0 where p (1 - p) underflows with it.
     """
+    inplace = _inplace(x, t, grad_loss)
     if grad_loss is None or gamma != 0.0:
-        ce = _sigmoid_terms(x, t, None, False, inplace)
+        ce = _sigmoid_terms(x, t, None, None, None)
     if gamma != 0.0:
         p = _sigmoid(x)
         not_p = _sigmoid(-x)
@@ -739,50 +749,32 @@ def _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss, inplace):
         if alpha_t is not None:
             loss = loss.mul_(alpha_t) if inplace else loss * alpha_t
         return loss
-    if gamma == 0.0:
-        grad = _sigmoid_terms(x, t, None, True, inplace)
-    else:
-        # r = p (1 - p) / (1 - p_t) <= 1
-        r = not_p.mul_(p).div_(not_pt) if inplace else not_p * p / not_pt
-        focal_weight = not_pt.pow_(gamma) if inplace else not_pt.pow(gamma)
-        # (p - t) + gamma ce (1 - 2t) r
-        term = r.mul_(ce).mul_(torch.rsub(t, 1.0, alpha=2.0)) if inplace else r * ce * (1 - 2 * t)
-        grad = p.sub_(t).add_(term, alpha=gamma) if inplace else p - t + gamma * term
-        grad = grad.mul_(focal_weight) if inplace else grad * focal_weight
     coefficient = grad_loss if alpha_t is None else alpha_t * grad_loss
+    if gamma == 0.0:
+        # (1 - p_t)^0 = 1: the cross entropy's gradient p - t
+        return _sigmoid_terms(x, t, None, None, coefficient)
+    # r = p (1 - p) / (1 - p_t) <= 1
+    r = not_p.mul_(p).div_(not_pt) if inplace else not_p * p / not_pt
+    focal_weight = not_pt.pow_(gamma) if inplace else not_pt.pow(gamma)
+    # (p - t) + gamma ce (1 - 2t) r
+    term = r.mul_(ce).mul_(torch.rsub(t, 1.0, alpha=2.0)) if inplace else r * ce * (1 - 2 * t)
+    grad = p.sub_(t).add_(term, alpha=gamma) if inplace else p - t + gamma * term
+    grad = grad.mul_(focal_weight) if inplace else grad * focal_weight
     return grad.mul_(coefficient) if inplace else grad * coefficient
 
 
 def _sigmoid_focal_loss_or_grad(logits, targets, gamma, alpha, grad_loss):
+    """The per-element loss (`grad_loss` None) or the logits' gradient (times `grad_loss`)."""
     x = logits.to(_compute_dtype(logits.dtype))
     # NaN or +inf in the logits: NaN in that element (DESIGN 5), never a plausible inf or 0
     x = torch.nan_to_num(x, nan=math.nan, posinf=math.nan, neginf=-math.inf)
     t = targets.to(x.dtype)
-    inplace = _inplace(x, t, grad_loss)
-    result = _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss, inplace)
+    result = _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss)
     return result if grad_loss is None else result.to(logits.dtype)
 
 
-class _SigmoidFocal(torch.autograd.Function):
-    """Per-element sigmoid focal loss with the spec's gradient; saves the inputs only."""
-
-    generate_vmap_rule = True
-
-    @staticmethod
-    def forward(logits, targets, gamma, alpha):
-        return _sigmoid_focal_loss_or_grad(logits, targets, gamma, alpha, None)
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        logits, targets, gamma, alpha = inputs
-        ctx.save_for_backward(logits, targets)
-        ctx.options = (gamma, alpha)
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        logits, targets = ctx.saved_tensors
-        grad = _sigmoid_focal_loss_or_grad(logits, targets, *ctx.options, grad_loss)
-        return grad, None, None, None
+# saves logits, targets; gamma, alpha are options
+_sigmoid_focal_value = _with_closed_form_grad(_sigmoid_focal_loss_or_grad, 2)
 
 
 def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
@@ -791,7 +783,7 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     _checks.focal_alpha(alpha, None)
     alpha = None if alpha is None else float(alpha)
     logits, targets, _, _ = _sigmoid_inputs(logits, targets, None, None)
-    loss = _SigmoidFocal.apply(logits, targets, gamma, alpha)
+    loss = _sigmoid_focal_value(logits, targets, gamma, alpha)
     return _sigmoid_reduce(loss, reduction).to(logits.dtype)
 
 
