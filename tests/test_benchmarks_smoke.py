@@ -84,8 +84,11 @@ def test_targets_are_judged_at_the_target_shape():
     run.judge(rows, [])
     assert rows[0].status == ""  # not the target shape: no verdict
     rows[0].shape = run.TARGET_SHAPE
-    run.judge(rows, [])
-    assert rows[0].status in ("PASS", "MISS")
+    target = run.TIME_TARGETS["torch", "softmax_cross_entropy"]
+    for ratio, expected in ((0.9 * target, "PASS"), (target, "PASS"), (1.1 * target, "MISS")):
+        rows[0].ratio = ratio
+        run.judge(rows, [])
+        assert (rows[0].status, rows[0].target) == (expected, target), ratio
 
 
 def test_update_doc_replaces_only_the_generated_block(tmp_path):
