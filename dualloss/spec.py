@@ -22,7 +22,7 @@ All computations happen in float64 whatever the input dtype; results are float64
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 import numpy as np
 
@@ -48,6 +48,13 @@ __all__ = [
 ]
 
 ArrayLike = Any
+
+# what each ``<name>_grad(..., wrt=...)`` differentiates: the order of ``losses.LossInfo``'s
+# `differentiable`, which a test keeps equal to these
+SoftmaxCrossEntropyWrt = Literal["logits", "targets", "weight", "label_smoothing"]
+SoftmaxFocalLossWrt = Literal["logits", "targets", "gamma", "alpha", "label_smoothing"]
+SigmoidCrossEntropyWrt = Literal["logits", "targets", "weight", "pos_weight"]
+SigmoidFocalLossWrt = Literal["logits", "targets", "gamma", "alpha"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -377,13 +384,50 @@ def softmax_cross_entropy_grad(
     label_smoothing: float = 0.0,
     where: ArrayLike | None = None,
     reduction: str = "mean",
+    wrt: SoftmaxCrossEntropyWrt = "logits",
 ) -> np.ndarray:
-    """Gradient of ``softmax_cross_entropy`` (reduced as `reduction` says) w.r.t. the logits.
+    """Gradient of ``softmax_cross_entropy`` (reduced as `reduction` says) w.r.t. `wrt`.
 
-    dl/dz = p * sum_c v_c - v, v = w * t~, per element. For reduction 'none' it is the gradient
-    of the sum of the per-element losses. Shaped like the logits, float64; masked classes and
-    ignored elements get 0.
+    The gradient of the reduced loss; for reduction 'none', of the sum of the per-element
+    losses. With g_c = -log p_c (+inf on a masked class) and t~ = (1 - eps) t + eps u, u the
+    uniform distribution over the classes inside `where`:
+
+    * 'logits': dl/dz = p * sum_c v_c - v, v = w * t~; masked classes and ignored elements get 0.
+    * 'targets' (probability targets only): dl/dt_c = (1 - eps) w_c g_c. A class with no
+      probability (a -inf logit or outside `where`) gets +inf: its loss term -t_c log 0 is 0 at
+      t_c = 0 and +inf for any t_c > 0 (the one-sided derivative is +inf, the true value);
+      0 where (1 - eps) w_c = 0, as the loss does not depend on t_c there.
+    * 'weight' (needs `weight`): dL/dw_c = sum_i t~_ic g_ic (divided by N for 'mean' with
+      probability targets). 'mean' with class indices divides by D = sum_i w_{y_i} over the kept
+      targets, which depends on w (quotient rule): with S_c = sum_i t~_ic g_ic, n_c the kept
+      targets of class c, dL/dw_c = (S_c D_{-c} - n_c T_{-c}) / D^2, D_{-c} = sum_{k != c}
+      w_k n_k, T_{-c} = sum_{k != c} w_k S_k (the k = c terms cancel exactly and are left out).
+    * 'label_smoothing': dl/deps = sum_c w_c (u_c - t_c) g_c (a scalar).
+
+    Terms whose coefficient is 0 are 0 (0 log 0 = 0); a NaN or +inf logit gives NaN in its
+    element's terms, an ignored element gives 0. Float64, shaped like the argument `wrt` names
+    (a NumPy float64 scalar for 'label_smoothing').
+
+    Raises:
+      ValueError: `wrt` is not one of the names above; 'targets' with class-index targets;
+        'weight' with `weight` None.
     """
+    _check_wrt(wrt, SoftmaxCrossEntropyWrt, "softmax_cross_entropy_grad")
+    if wrt != "logits":
+        return _softmax_input_grad(
+            logits,
+            targets,
+            axis,
+            weight,
+            None,
+            0.0,
+            False,
+            ignore_index,
+            label_smoothing,
+            where,
+            reduction,
+            wrt,
+        )
     _, grad = _softmax(
         logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
     )
@@ -443,12 +487,48 @@ def softmax_focal_loss_grad(
     label_smoothing: float = 0.0,
     where: ArrayLike | None = None,
     reduction: str = "mean",
+    wrt: SoftmaxFocalLossWrt = "logits",
 ) -> np.ndarray:
-    """Gradient of ``softmax_focal_loss`` w.r.t. the logits, shaped like them (float64).
+    """Gradient of ``softmax_focal_loss`` (reduced as `reduction` says) w.r.t. `wrt`.
 
-    v_c = a_c (1 - p_c)^gamma (1 - gamma phi(p_c)), phi(p) = p log p / (1 - p) in [-1, 0];
-    dl/dz = p * sum_c v_c - v. |v_c| <= a_c (1 + gamma): bounded for every gamma >= 0.
+    The gradient of the reduced loss; for reduction 'none', of the sum of the per-element
+    losses. 'mean' divides by a count that no argument changes. With
+    g_c = -(1 - p_c)^gamma log p_c (+inf on a masked class), a_c = alpha_c t~_c and
+    t~ = (1 - eps) t + eps u, u uniform over the classes inside `where`:
+
+    * 'logits': v_c = a_c (1 - p_c)^gamma (1 - gamma phi(p_c)), phi(p) = p log p / (1 - p) in
+      [-1, 0]; dl/dz = p * sum_c v_c - v. |v_c| <= a_c (1 + gamma): bounded for every gamma >= 0.
+    * 'targets' (probability targets only): dl/dt_c = (1 - eps) alpha_c g_c; +inf on a class
+      with no probability (-inf logit or outside `where`), see ``softmax_cross_entropy_grad``.
+    * 'gamma': dl/dgamma = -sum_c a_c (1 - p_c)^gamma log(1 - p_c) log p_c <= 0 (a scalar); a
+      class with p_c = 1 contributes 0 (its log p_c = 0 for every gamma; x^0 = 1).
+    * 'alpha' (needs `alpha`): dl/dalpha_c = t~_c g_c for a vector alpha; a scalar alpha gets
+      the scalar sum_c t~_c g_c.
+    * 'label_smoothing': dl/deps = sum_c alpha_c (u_c - t_c) g_c (a scalar).
+
+    Terms whose coefficient is 0 are 0 (0 log 0 = 0). Float64, shaped like the argument `wrt`
+    names (NumPy float64 scalars for 'gamma', 'label_smoothing' and a scalar 'alpha').
+
+    Raises:
+      ValueError: `wrt` is not one of the names above; 'targets' with class-index targets;
+        'alpha' with `alpha` None.
     """
+    _check_wrt(wrt, SoftmaxFocalLossWrt, "softmax_focal_loss_grad")
+    if wrt != "logits":
+        return _softmax_input_grad(
+            logits,
+            targets,
+            axis,
+            None,
+            alpha,
+            gamma,
+            True,
+            ignore_index,
+            label_smoothing,
+            where,
+            reduction,
+            wrt,
+        )
     _, grad = _softmax(
         logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
     )
@@ -595,11 +675,30 @@ def sigmoid_cross_entropy_grad(
     weight: ArrayLike | None = None,
     pos_weight: ArrayLike | None = None,
     reduction: str = "mean",
+    wrt: SigmoidCrossEntropyWrt = "logits",
 ) -> np.ndarray:
-    """Gradient of ``sigmoid_cross_entropy`` w.r.t. the logits, shaped like them (float64).
+    """Gradient of ``sigmoid_cross_entropy`` (reduced as `reduction` says) w.r.t. `wrt`.
 
-    dl/dx = w [(q t + 1 - t) sigma(x) - q t] = w [(1 - t) sigma(x) - q t sigma(-x)].
+    The gradient of the reduced loss; for reduction 'none', of the sum of the per-element
+    losses ('mean' divides by the number of elements, which no argument changes):
+
+    * 'logits': dl/dx = w [(q t + 1 - t) sigma(x) - q t] = w [(1 - t) sigma(x) - q t sigma(-x)].
+    * 'targets': dl/dt = w [q softplus(-x) - softplus(x)] = w [(q - 1) softplus(-x) - x].
+    * 'weight' (needs `weight`): dl/dw = (1 - t) softplus(x) + q t softplus(-x).
+    * 'pos_weight' (needs `pos_weight`): dl/dq = w t softplus(-x).
+
+    Float64. 'logits' and 'targets' are shaped like the logits; 'weight' and 'pos_weight' like
+    the argument as given, i.e. summed over the dimensions it was broadcast along (a NumPy
+    float64 scalar for a scalar weight).
+
+    Raises:
+      ValueError: `wrt` is not one of the names above; 'weight' or 'pos_weight' left None.
     """
+    _check_wrt(wrt, SigmoidCrossEntropyWrt, "sigmoid_cross_entropy_grad")
+    if wrt != "logits":
+        return _sigmoid_cross_entropy_input_grad(
+            logits, targets, weight, pos_weight, reduction, wrt
+        )
     _, grad = _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
     return grad
 
@@ -686,14 +785,232 @@ def sigmoid_focal_loss_grad(
     gamma: float = 2.0,
     alpha: float | None = None,
     reduction: str = "mean",
+    wrt: SigmoidFocalLossWrt = "logits",
 ) -> np.ndarray:
-    """Gradient of ``sigmoid_focal_loss`` w.r.t. the logits, shaped like them (float64).
+    """Gradient of ``sigmoid_focal_loss`` (reduced as `reduction` says) w.r.t. `wrt`.
 
-    dl/dx = alpha_t m [(p - t) + gamma ce (1 - 2t) r],  m = (1 - p_t)^gamma,
-    log r = log sigma(x) + log sigma(-x) - log(1 - p_t): bounded for every t in [0, 1].
+    The gradient of the reduced loss; for reduction 'none', of the sum of the per-element
+    losses ('mean' divides by the number of elements). With m = (1 - p_t)^gamma,
+    ce = (1 - t) softplus(x) + t softplus(-x):
+
+    * 'logits': dl/dx = alpha_t m [(p - t) + gamma ce (1 - 2t) r],
+      log r = log sigma(x) + log sigma(-x) - log(1 - p_t): bounded for every t in [0, 1].
+    * 'targets': dl/dt = m [(2 alpha - 1) ce + alpha_t (gamma (1 - 2p) rho - x)] (the first term
+      only with alpha given), rho = ce / (1 - p_t) in [1, 1 + |x|], formed from |x| and
+      e = exp(-|x|) without underflow; 1 - 2p = -tanh(x / 2).
+    * 'gamma': dl/dgamma = alpha_t m log(1 - p_t) ce <= 0 (a scalar).
+    * 'alpha' (needs `alpha`): dl/dalpha = (2t - 1) m ce (a scalar).
+
+    Float64, 'logits' and 'targets' shaped like the logits, NumPy float64 scalars otherwise.
+
+    Raises:
+      ValueError: `wrt` is not one of the names above; 'alpha' with `alpha` None.
     """
+    _check_wrt(wrt, SigmoidFocalLossWrt, "sigmoid_focal_loss_grad")
+    if wrt != "logits":
+        return _sigmoid_focal_input_grad(logits, targets, gamma, alpha, reduction, wrt)
     _, grad = _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
     return grad
+
+
+# ----------------------------------------------------------------------------------------------
+# Gradients w.r.t. the targets and the options (spec only; ``<name>_grad(..., wrt=...)``)
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_wrt(wrt, allowed, name):
+    """`wrt` is one of the names the Literal type `allowed` lists (the `wrt` annotation)."""
+    names = get_args(allowed)
+    if not isinstance(wrt, str) or wrt not in names:
+        raise ValueError(
+            f"`wrt` must be one of {', '.join(map(repr, names))} for {name}. Received: wrt={wrt!r}."
+        )
+
+
+def _needs_option(wrt, value):
+    """The gradient of an option left at None has no shape (and None is no point to take it at)."""
+    if value is None:
+        raise ValueError(
+            f"`wrt`={wrt!r} needs `{wrt}` to be given: an option left at None has no gradient. "
+            f"Received: {wrt}=None."
+        )
+
+
+def _times_mass(coefficient, term, zero):
+    """coefficient * term, and `zero` where the coefficient is 0: no mass, no dependence, also
+    where the term is +inf (0 log 0 = 0); `zero` is NaN in the elements whose loss is NaN."""
+    return np.where(coefficient == 0.0, zero, coefficient * term)
+
+
+def _scale_by_reduction(grad, reduction, denominator):
+    """The per-element sum `grad` divided as reduction 'mean' divides (0 for a zero divisor)."""
+    if reduction != "mean":
+        return grad
+    if denominator == 0:
+        return grad * 0.0
+    return grad / denominator
+
+
+def _sum_to_shape(grad, shape):
+    """Sums `grad` over the dimensions an argument of `shape` was broadcast along."""
+    shape = tuple(shape)
+    extra = grad.ndim - len(shape)
+    grad = np.sum(grad, axis=tuple(range(extra)))
+    stretched = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    grad = np.sum(grad, axis=stretched, keepdims=True)
+    return np.float64(grad) if shape == () else grad.reshape(shape)
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def _softmax_input_grad(
+    logits,
+    targets,
+    axis,
+    weight,
+    alpha,
+    gamma,
+    is_focal,
+    ignore_index,
+    label_smoothing,
+    where,
+    reduction,
+    wrt,
+):
+    """Gradient of a reduced softmax loss w.r.t. 'targets', 'weight', 'alpha', 'gamma' or
+    'label_smoothing'. The loss is linear in t~ and in the class weights:
+    l = sum_c w_c t~_c g_c with g_c = -(1 - p_c)^gamma log p_c."""
+    reduction = _checks.reduction(reduction)
+    if is_focal:
+        gamma = _checks.gamma(gamma)
+    if wrt in ("weight", "alpha"):
+        _needs_option(wrt, weight if wrt == "weight" else alpha)
+    elements = _softmax_elements(
+        logits, targets, axis, weight, alpha, gamma, is_focal, ignore_index, label_smoothing, where
+    )
+    eps = _checks.unit_interval("label_smoothing", label_smoothing)
+    # the unsmoothed targets t (one-hot for class indices, 0 where ignored) and the uniform
+    # share u of label smoothing over the classes inside `where`: t~ = (1 - eps) t + eps u
+    _, t, keep, valid, is_index, class_weight, axis = _softmax_inputs(
+        logits, targets, axis, weight, alpha, ignore_index, 0.0, where
+    )
+    if wrt == "targets" and is_index:
+        raise ValueError(
+            "`wrt`='targets' needs floating class-probability targets: class indices have no "
+            f"gradient. Received: targets.dtype={_as_array(targets).dtype}."
+        )
+    num_valid = np.sum(valid, axis=-1, keepdims=True)
+    uniform = np.where(valid, 1.0 / np.maximum(num_valid, 1), 0.0) * keep[..., None]
+    smoothed = (1.0 - eps) * t + eps * uniform
+    terms = elements.terms
+    # g_c = -(1 - p_c)^gamma log p_c >= 0, the loss per unit of mass w_c t~_c (+inf if p_c = 0)
+    g = -terms.focal_weight * terms.log_p
+    # 0 for a class without mass, NaN in the rows a NaN or +inf logit made NaN
+    zero = np.where(np.isnan(terms.log_p), np.nan, 0.0)
+    if wrt == "targets":
+        # dl/dt_c = (1 - eps) w_c g_c
+        grad = _times_mass(np.broadcast_to((1.0 - eps) * class_weight, g.shape), g, zero)
+    elif wrt == "label_smoothing":
+        # dl/deps = sum_c w_c (u_c - t_c) g_c = sum_c w_c (v_c - K t_c) g_c / K, v_c = K u_c in
+        # {0, 1}: one division by K, so the coefficients of a one-hot row sum to exactly 0
+        spread = np.maximum(num_valid, 1)
+        inside = (valid & keep[..., None]).astype(np.float64)
+        grad = _times_mass(class_weight * (inside - spread * t), g, zero) / spread
+    elif wrt == "gamma":
+        # d/dgamma (1 - p)^gamma = (1 - p)^gamma log(1 - p); a class with log p = 0 (p = 1)
+        # contributes 0 for every gamma, also where log(1 - p) = -inf
+        mass = np.where(terms.log_p == 0.0, 0.0, elements.a)
+        grad = _times_mass(mass, terms.log_not_p * g, zero)
+    else:
+        # dl/dw_c (or dl/dalpha_c) = t~_c g_c
+        grad = _times_mass(smoothed, g, zero)
+    # ignored elements: no loss, no gradient, whatever their logits
+    grad = np.where(keep[..., None], grad, 0.0)
+    denominator = elements.denominator
+    if wrt == "targets":
+        grad = _scale_by_reduction(grad, reduction, denominator)
+        return np.moveaxis(grad, -1, axis)
+    per_class = np.sum(grad.reshape(-1, grad.shape[-1]), axis=0)
+    if wrt == "weight" and is_index and reduction == "mean":
+        # L = T / D with T = sum_k w_k S_k, D = sum_k w_k n_k; dL/dw_c = (S_c D - n_c T) / D^2,
+        # where the k = c terms cancel exactly: (S_c D_{-c} - n_c T_{-c}) / D^2
+        if denominator == 0:
+            return per_class * 0.0
+        counts = np.sum(t.reshape(-1, t.shape[-1]), axis=0)
+        other_weights = _sum_except_self(class_weight * counts)
+        other_losses = _sum_except_self(class_weight * per_class)
+        return (per_class * other_weights - counts * other_losses) / denominator / denominator
+    per_class = _scale_by_reduction(per_class, reduction, denominator)
+    if wrt == "weight" or (wrt == "alpha" and np.ndim(alpha) == 1):
+        return per_class
+    return np.float64(np.sum(per_class))
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def _sigmoid_cross_entropy_input_grad(logits, targets, weight, pos_weight, reduction, wrt):
+    """Gradient of reduced sigmoid cross entropy w.r.t. 'targets', 'weight' or 'pos_weight'."""
+    reduction = _checks.reduction(reduction)
+    if wrt in ("weight", "pos_weight"):
+        _needs_option(wrt, weight if wrt == "weight" else pos_weight)
+    x, t, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
+    if wrt == "targets":
+        # dl/dt = w [q softplus(-x) - softplus(x)] = w [(q - 1) softplus(-x) - x], as
+        # softplus(x) - softplus(-x) = x: the second form is exact at q = 1 (no cancellation
+        # near x = 0), the first has none for small q
+        grad = w * np.where(
+            q >= 0.5, (q - 1.0) * _softplus(-x) - x, q * _softplus(-x) - _softplus(x)
+        )
+        return _scale_by_reduction(grad, reduction, x.size)
+    if wrt == "weight":
+        # dl/dw = (1 - t) softplus(x) + q t softplus(-x), the loss at w = 1
+        grad, _ = _sigmoid_terms(x, t, q)
+        shape = np.shape(weight)
+    else:
+        # dl/dq = w t softplus(-x)
+        grad = w * t * _softplus(-x)
+        shape = np.shape(pos_weight)
+    return _sum_to_shape(_scale_by_reduction(grad, reduction, x.size), shape)
+
+
+def _focal_ce_ratio(x, t):
+    """rho = ce / (1 - p_t) in [1, 1 + |x|], ce = (1 - t) softplus(x) + t softplus(-x).
+
+    With a = |x|, e = exp(-a) and tau the target of the losing side (1 - t for x >= 0, t for
+    x < 0): ce = tau a + log1p(e), 1 - p_t = (tau + (1 - tau) e) / (1 + e), all terms >= 0.
+    Where tau = 0 and e underflows both vanish: rho = (1 + e) log1p(e) / e -> 1.
+    """
+    a = np.abs(x)
+    e = np.exp(-a)
+    tau = np.where(x >= 0.0, 1.0 - t, t)
+    numerator = tau * a + np.log1p(e)
+    denominator = tau + (1.0 - tau) * e
+    return np.where(denominator > 0.0, numerator * (1.0 + e) / denominator, 1.0)
+
+
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def _sigmoid_focal_input_grad(logits, targets, gamma, alpha, reduction, wrt):
+    """Gradient of the reduced sigmoid focal loss w.r.t. 'targets', 'gamma' or 'alpha'."""
+    reduction = _checks.reduction(reduction)
+    gamma = _checks.gamma(gamma)
+    _checks.focal_alpha(alpha, None)
+    if wrt == "alpha":
+        _needs_option(wrt, alpha)
+    x, t, _, _ = _sigmoid_inputs(logits, targets, None, None)
+    terms = _sigmoid_focal_terms(x, t, alpha, gamma)
+    ce, _ = _sigmoid_terms(x, t, 1.0)
+    if wrt == "targets":
+        # d alpha_t / dt = 2 alpha - 1, d ce / dt = softplus(-x) - softplus(x) = -x,
+        # d (1 - p_t)^gamma / dt = gamma (1 - p_t)^gamma (1 - 2p) / (1 - p_t), 1 - 2p = -tanh(x/2)
+        alpha_slope = 0.0 if alpha is None else 2.0 * alpha - 1.0
+        focusing = gamma * -np.tanh(0.5 * x) * _focal_ce_ratio(x, t)
+        grad = terms.focal_weight * (alpha_slope * ce + terms.alpha_t * (focusing - x))
+        return _scale_by_reduction(grad, reduction, x.size)
+    if wrt == "gamma":
+        # d/dgamma (1 - p_t)^gamma = (1 - p_t)^gamma log(1 - p_t)
+        grad = terms.alpha_t * terms.focal_weight * terms.log_not_pt * ce
+    else:
+        # d alpha_t / d alpha = t - (1 - t)
+        grad = (2.0 * t - 1.0) * terms.focal_weight * ce
+    return np.float64(_scale_by_reduction(np.sum(grad), reduction, x.size))
 
 
 # ----------------------------------------------------------------------------------------------

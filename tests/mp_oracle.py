@@ -18,13 +18,23 @@ real option the caller gave: gamma, alpha, weight, pos_weight, label_smoothing (
 moves nothing). An implementation cannot be asked to be closer to the exact result than what
 rounding its inputs already moves it: e.g. (1 - p)^3.3 computed as exp(3.3 log(1 - p)) carries
 the rounding of log(1 - p) amplified by 3.3, exactly as much as rounding gamma moves it.
+
+With `wrt` (one of 'targets', 'weight', 'alpha', 'gamma', 'label_smoothing', 'pos_weight') an
+evaluation also returns the derivative of the element's loss w.r.t. that input, with its
+allowance (``Exact.wrt_grad``, ``Exact.wrt_allowance``, entries flattened). The softmax losses
+are linear in t~ and in the class weights, so their derivatives are the textbook closed forms
+(``_softmax_derivative``: the coefficient of each input times -(1 - p_c)^gamma log p_c, and
+-(1 - p_c)^gamma log(1 - p_c) log p_c for gamma), written here from the definitions, at 50
+digits, with +inf for mass put on a class of probability 0 (the loss jumps from 0 to +inf) and
+0 for a class of zero coefficient; ``test_spec_grad_accuracy`` checks them against
+``mpmath.diff``. The sigmoid derivatives are ``mpmath.diff`` of the textbook losses.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mpmath
 
@@ -43,6 +53,9 @@ class Exact:
     grad: list
     value_allowance: mpmath.mpf
     grad_allowance: list
+    # the derivative w.r.t. `wrt` (flattened) and its allowance, when asked for
+    wrt_grad: list = field(default_factory=list)
+    wrt_allowance: list = field(default_factory=list)
 
 
 def _digits_for(values: Sequence[float]) -> int:
@@ -58,11 +71,15 @@ def _evaluate(
     params: Sequence[float],
     rounded: Sequence[bool],
     digits: int,
+    derivative: Callable[[list, list], list] | None = None,
+    logit_grad: bool = True,
 ) -> Exact:
     """Value, gradient by mpmath.diff, and input-rounding allowances of loss(logits, params).
 
     `params` are the other real-valued inputs (targets, gamma, alpha, weights, ...); those with
     `rounded` True count as inputs given to one ULP for the allowance, like every finite logit.
+    `derivative(z, params)`, if given, is a list of derivatives w.r.t. some input, returned with
+    its allowance as ``wrt_grad``; `logit_grad` False skips the logit gradient (left empty).
     """
     n = len(logits)
     free = [i for i, v in enumerate(logits) if math.isfinite(v)]
@@ -80,10 +97,22 @@ def _evaluate(
                 grad[j] = mpmath.diff(along, z[j])
             return grad
 
+        if not logit_grad:
+
+            def grad_at(z, q):
+                return []
+
+        if derivative is None:
+
+            def derivative(z, q):
+                return []
+
         value = loss(z, q)
         grad = grad_at(z, q)
+        wrt_grad = derivative(z, q)
         value_allowance = mpf(0)
-        grad_allowance = [mpf(0)] * n
+        grad_allowance = [mpf(0)] * len(grad)
+        wrt_allowance = [mpf(0)] * len(wrt_grad)
         perturbed = [(z[:i] + [z[i] + mpf(math.ulp(logits[i]))] + z[i + 1 :], q) for i in free]
         perturbed += [
             (z, q[:i] + [q[i] + mpf(math.ulp(params[i]))] + q[i + 1 :])
@@ -94,7 +123,16 @@ def _evaluate(
             value_allowance += abs(loss(z_moved, q_moved) - value)
             grad_moved = grad_at(z_moved, q_moved)
             grad_allowance = [a + abs(g - h) for a, g, h in zip(grad_allowance, grad_moved, grad)]
-    return Exact(value, grad, value_allowance, grad_allowance)
+            moved = derivative(z_moved, q_moved)
+            wrt_allowance = [a + _moved_by(g, h) for a, g, h in zip(wrt_allowance, moved, wrt_grad)]
+    return Exact(value, grad, value_allowance, grad_allowance, wrt_grad, wrt_allowance)
+
+
+def _moved_by(moved, base):
+    """|moved - base|, 0 where an infinite derivative stays the same infinity."""
+    if mpmath.isinf(base) and moved == base:
+        return mpf(0)
+    return abs(moved - base)
 
 
 def _target_is_rounded(t: float) -> bool:
@@ -159,6 +197,62 @@ def _softmax_terms(z, params, valid):
     return p, t, gamma, weights
 
 
+def _softmax_derivative(wrt, valid, scalar_weight):
+    """derivative(z, params): the derivative of one row's loss w.r.t. `wrt`, closed form.
+
+    l = sum_c w_c t~_c h_c, h_c = -(1 - p_c)^gamma log p_c, t~_c = (1 - eps) t_c + eps u_c,
+    u_c = 1/K on the K valid classes: linear in t, w and eps, so
+      dl/dt_c = (1 - eps) w_c h_c,  dl/dw_c = t~_c h_c (summed over c for a scalar alpha),
+      dl/deps = sum_c w_c (u_c - t_c) h_c,
+      dl/dgamma = -sum_c w_c t~_c (1 - p_c)^gamma log(1 - p_c) log p_c.
+    A zero coefficient gives 0 (0 log 0 = 0, no dependence); a nonzero one on p_c = 0 gives
+    +inf (the loss jumps to +inf); p_c = 1 gives log p_c = 0, a term of 0 for every gamma.
+    """
+
+    def derivative(z, params):
+        num_classes = len(z)
+        p, t_smooth, g, w = _softmax_terms(z, params, valid)
+        if scalar_weight:
+            w = [w[0]] * num_classes
+        t = params[:num_classes]
+        eps = params[num_classes]
+        k = sum(valid)
+        u = [mpf(1) / k if ok else mpf(0) for ok in valid]
+
+        def modulator(c):
+            return mpf(1) if g == 0 else (1 - p[c]) ** g
+
+        def term(coefficient, c):
+            if coefficient == 0:
+                return mpf(0)
+            if p[c] == 0:
+                return mpmath.inf * mpmath.sign(coefficient)
+            return -coefficient * modulator(c) * mpmath.log(p[c])
+
+        classes = range(num_classes)
+        if wrt == "targets":
+            return [term((1 - eps) * w[c], c) for c in classes]
+        if wrt in ("weight", "alpha"):
+            per_class = [term(t_smooth[c], c) for c in classes]
+            return [mpmath.fsum(per_class)] if scalar_weight else per_class
+        if wrt == "label_smoothing":
+            return [mpmath.fsum(term(w[c] * (u[c] - t[c]), c) for c in classes)]
+        if wrt == "label_smoothing_terms":
+            # the terms of the sum above, one per class (their size judges a sum's rounding)
+            return [term(w[c] * (u[c] - t[c]), c) for c in classes]
+        if wrt == "gamma":
+            return [
+                -mpmath.fsum(
+                    w[c] * t_smooth[c] * modulator(c) * mpmath.log(1 - p[c]) * mpmath.log(p[c])
+                    for c in classes
+                    if w[c] * t_smooth[c] != 0 and p[c] != 1
+                )
+            ]
+        raise ValueError(f"no softmax derivative w.r.t. {wrt!r}")
+
+    return derivative
+
+
 def softmax_focal(
     logits: Sequence[float],
     target: int | Sequence[float],
@@ -167,6 +261,7 @@ def softmax_focal(
     alpha: float | Sequence[float] | None = None,
     label_smoothing: float = 0.0,
     where: Sequence[bool] | None = None,
+    wrt: str | None = None,
 ) -> Exact:
     """Focal loss of one row: -sum_c alpha_c t~_c (1 - p_c)^gamma log p_c (Lin et al., eq. 5).
 
@@ -190,7 +285,12 @@ def softmax_focal(
             terms.append(-ac * tc * modulator * mpmath.log(pc))
         return mpmath.fsum(terms)
 
-    return _evaluate(loss, logits, params, rounded, _digits_for(logits))
+    if wrt is None:
+        return _evaluate(loss, logits, params, rounded, _digits_for(logits))
+    derivative = _softmax_derivative(wrt, valid, scalar_alpha)
+    return _evaluate(
+        loss, logits, params, rounded, _digits_for(logits), derivative, logit_grad=False
+    )
 
 
 def softmax_cross_entropy(
@@ -200,6 +300,7 @@ def softmax_cross_entropy(
     weight: Sequence[float] | None = None,
     label_smoothing: float = 0.0,
     where: Sequence[bool] | None = None,
+    wrt: str | None = None,
 ) -> Exact:
     """Cross entropy of one row: -sum_c w_c t~_c log p_c (torch ``F.cross_entropy``, per element).
 
@@ -214,12 +315,29 @@ def softmax_cross_entropy(
         p, t, _, w = _softmax_terms(z, params, valid)
         return -mpmath.fsum(wc * tc * mpmath.log(pc) for wc, tc, pc in zip(w, t, p) if tc != 0)
 
-    return _evaluate(loss, logits, params, rounded, _digits_for(logits))
+    if wrt is None:
+        return _evaluate(loss, logits, params, rounded, _digits_for(logits))
+    derivative = _softmax_derivative(wrt, valid, False)
+    return _evaluate(
+        loss, logits, params, rounded, _digits_for(logits), derivative, logit_grad=False
+    )
 
 
 # ----------------------------------------------------------------------------------------------
 # Sigmoid losses: p = 1 / (1 + exp(-x))
 # ----------------------------------------------------------------------------------------------
+
+
+def _param_diff(loss, index):
+    """derivative(z, params): [d loss / d params[index]] by mpmath.diff."""
+
+    def derivative(z, params):
+        def along(v):
+            return loss(z, params[:index] + [v] + params[index + 1 :])
+
+        return [mpmath.diff(along, params[index])]
+
+    return derivative
 
 
 def _sigmoid_ce(x, t):
@@ -236,8 +354,12 @@ def sigmoid_cross_entropy(
     *,
     weight: float | None = None,
     pos_weight: float | None = None,
+    wrt: str | None = None,
 ) -> Exact:
-    """torch ``binary_cross_entropy_with_logits``: -w [q t log p + (1 - t) log(1 - p)]."""
+    """torch ``binary_cross_entropy_with_logits``: -w [q t log p + (1 - t) log(1 - p)].
+
+    `wrt`: 'targets', 'weight' or 'pos_weight' adds that derivative (``mpmath.diff``).
+    """
     params = [target, 1.0 if weight is None else weight, 1.0 if pos_weight is None else pos_weight]
     rounded = [_target_is_rounded(target), _param_is_rounded(weight), _param_is_rounded(pos_weight)]
 
@@ -246,16 +368,26 @@ def sigmoid_cross_entropy(
         _, positive, negative = _sigmoid_ce(x[0], t)
         return w * (q * positive + negative)
 
-    return _evaluate(loss, [logit], params, rounded, _digits_for([logit, 0.0]))
+    digits = _digits_for([logit, 0.0])
+    if wrt is None:
+        return _evaluate(loss, [logit], params, rounded, digits)
+    derivative = _param_diff(loss, ["targets", "weight", "pos_weight"].index(wrt))
+    return _evaluate(loss, [logit], params, rounded, digits, derivative, logit_grad=False)
 
 
 def sigmoid_focal(
-    logit: float, target: float, *, gamma: float, alpha: float | None = None
+    logit: float,
+    target: float,
+    *,
+    gamma: float,
+    alpha: float | None = None,
+    wrt: str | None = None,
 ) -> Exact:
     """torchvision ``sigmoid_focal_loss``: alpha_t (1 - p_t)^gamma ce, per element.
 
     p_t = p t + (1 - p)(1 - t), alpha_t = alpha t + (1 - alpha)(1 - t) (1 when alpha is None),
-    ce = -[t log p + (1 - t) log(1 - p)].
+    ce = -[t log p + (1 - t) log(1 - p)]. `wrt`: 'targets', 'gamma' or 'alpha' adds that
+    derivative (``mpmath.diff``; the loss is smooth in t, gamma and alpha for finite logits).
     """
     params = [target, gamma, 1.0 if alpha is None else alpha]
     rounded = [_target_is_rounded(target), _param_is_rounded(gamma), _param_is_rounded(alpha)]
@@ -269,7 +401,11 @@ def sigmoid_focal(
         alpha_t = mpf(1) if alpha is None else a * t + (1 - a) * (1 - t)
         return alpha_t * modulator * ce
 
-    return _evaluate(loss, [logit], params, rounded, _digits_for([logit, 0.0]))
+    digits = _digits_for([logit, 0.0])
+    if wrt is None:
+        return _evaluate(loss, [logit], params, rounded, digits)
+    derivative = _param_diff(loss, ["targets", "gamma", "alpha"].index(wrt))
+    return _evaluate(loss, [logit], params, rounded, digits, derivative, logit_grad=False)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,6 +421,9 @@ def ulp_of(exact: mpmath.mpf) -> float:
 def ulp_error(got: float, exact: mpmath.mpf, allowance: mpmath.mpf = 0) -> tuple[float, float]:
     """(ULPs beyond the allowance, raw ULPs) of a float64 result against the exact value."""
     with mpmath.workdps(DIGITS):
+        if mpmath.isinf(exact) and got == exact:
+            # the same infinity: +inf where the math is +inf is exact
+            return 0.0, 0.0
         if math.isnan(got) or math.isinf(got):
             return math.inf, math.inf
         err = abs(mpf(got) - exact)
