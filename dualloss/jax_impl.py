@@ -27,8 +27,20 @@ mostly ``np.`` against ``jnp.``. What differs:
   turns it into an error with the spec's message.
 * Mean over zero elements: 0 with zero gradient, as in spec (torch gives NaN).
 
+* Options: `gamma`, `alpha`, `label_smoothing`, `weight` and `pos_weight` may be traced values
+  (``jit`` arguments, ``vmap`` over them, ``grad``/``jvp`` with respect to them). Concrete values
+  are validated as in spec; a traced invalid value gives NaN (and a ``checkify`` error), as an
+  out-of-range class index does. A Python gamma = 0 takes an exact branch; a traced gamma = 0
+  gives exactly (1 - p)^0 = 1 too.
+* `where`: optax semantics (see ``spec.softmax_cross_entropy``): a class mask, or a per-element
+  mask of the batch shape; elements left with no class, or whose class-index target is masked,
+  count as ignored.
+* Wrong framework: a torch tensor raises one TypeError naming the argument (never converted).
+
 Drop-ins with optax's signatures and per-example outputs:
-``softmax_cross_entropy_with_integer_labels`` and ``sigmoid_binary_cross_entropy``.
+``softmax_cross_entropy_with_integer_labels`` and ``sigmoid_binary_cross_entropy``, the same
+functions as in ``dualloss.optax`` (which also has ``softmax_cross_entropy`` and
+``sigmoid_focal_loss`` with optax's signatures).
 """
 
 from __future__ import annotations
@@ -75,6 +87,48 @@ def _compute_dtype(dtype):
     return jnp.promote_types(dtype, jnp.float32)
 
 
+def _not_torch(**arrays):
+    """A torch tensor is never converted silently: one TypeError naming the argument."""
+    for name, value in arrays.items():
+        kind = type(value)
+        if kind.__module__.split(".")[0] == "torch":
+            raise TypeError(
+                f"`{name}` must be a JAX array, a NumPy array or a Python number, not a torch "
+                f"tensor (convert it with `{name}.numpy()` first). "
+                f"Received: type({name})={kind.__module__}.{kind.__qualname__}."
+            )
+
+
+def _is_static(x) -> bool:
+    """True for a Python number: it can select a code path (gamma = 0, label_smoothing = 0)."""
+    return isinstance(x, (int, float))
+
+
+def _scalar_option(name, value):
+    """A scalar option (gamma, label_smoothing, a scalar alpha) that may be a traced value.
+
+    Concrete values (numbers, concrete 0-d arrays) are validated by ``_checks`` (gamma >= 0,
+    the others in [0, 1]) and returned as Python floats, so that gamma = 0 still takes its exact
+    branch. A traced value cannot raise: it is returned as it is plus NaN where the check fails
+    (as for class indices: never a plausible number), and ``checkify`` reports the message.
+    """
+    is_gamma = name == "gamma"
+    if isinstance(value, (jax.Array, np.ndarray)) and _is_concrete(value) and value.ndim == 0:
+        value = value.item()
+    if _is_concrete(value):
+        return _checks.gamma(value) if is_gamma else _checks.unit_interval(name, value)
+    if value.ndim != 0:
+        raise TypeError(f"`{name}` must be a real number. Received: {name}={value!r}.")
+    if is_gamma:
+        ok = (value >= 0.0) & jnp.isfinite(value)
+        message = f"`{name}` must be a finite number >= 0. Received: {name}={{value}}."
+    else:
+        ok = (value >= 0.0) & (value <= 1.0)
+        message = f"`{name}` must be in [0, 1]. Received: {name}={{value}}."
+    checkify.debug_check(ok, message, value=value)
+    return value + jnp.where(ok, 0.0, jnp.nan).astype(value.dtype)
+
+
 def _check_traced_indices(targets, num_classes, ignore_index):
     """The `_checks.class_indices` error for traced targets, raised by `checkify` when enabled."""
     bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
@@ -100,6 +154,7 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     elements, `valid` the classes inside `where`, `class_weight` the per-class vector (`weight` or
     `alpha`, ones if None).
     """
+    _not_torch(logits=logits, targets=targets, weight=weight, alpha=alpha, where=where)
     logits = _as_array(logits)
     targets = _as_array(targets)
     _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
@@ -113,7 +168,7 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         kind = "other"
     _checks.softmax_targets(kind, targets.shape, targets.dtype, logits.shape, axis)
     ignore_index = _checks.ignore_index(ignore_index)
-    label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
+    label_smoothing = _scalar_option("label_smoothing", label_smoothing)
     if kind == "index" and _is_concrete(targets):
         _checks.class_indices(np.asarray(targets), num_classes, ignore_index)
     elif kind == "index":
@@ -126,9 +181,26 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         _checks.focal_alpha(alpha, num_classes)
         if _is_concrete(alpha):
             _checks.unit_interval_values("alpha", np.atleast_1d(alpha))
+        else:
+            # traced: NaN where an entry is outside [0, 1] (checkify reports it)
+            ok = (alpha >= 0.0) & (alpha <= 1.0)
+            checkify.debug_check(jnp.all(ok), "`alpha` must have every entry in [0, 1].")
+            alpha = alpha + jnp.where(ok, 0.0, jnp.nan).astype(alpha.dtype)
     if where is not None:
         where = _as_array(where)
-        _checks.class_mask(where.shape, where.dtype == jnp.bool_, where.dtype, logits.shape)
+        try:
+            _checks.class_mask(where.shape, where.dtype == jnp.bool_, where.dtype, logits.shape)
+        except ValueError:
+            # not a class mask: a mask of the batch shape (the logits shape without `axis`,
+            # optax's [batch]) masks whole elements; the class axis is inserted at `axis`
+            batch_shape = logits.shape[:axis] + logits.shape[axis + 1 :]
+            try:
+                per_element = np.broadcast_shapes(where.shape, batch_shape) == batch_shape
+            except ValueError:
+                per_element = False
+            if where.ndim != len(batch_shape) or not per_element:
+                raise
+            where = jnp.expand_dims(where, axis)
 
     dtype = _compute_dtype(logits.dtype)
     z = jnp.moveaxis(logits.astype(dtype), axis, -1)
@@ -139,17 +211,28 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         valid = jnp.moveaxis(jnp.broadcast_to(where, logits.shape), axis, -1)
         z = jnp.where(valid, z, -jnp.inf)
     classes = jnp.arange(num_classes)
+    # an element with no class left inside `where` is left out, exactly like an ignored target
+    keep = jnp.ones(z.shape[:-1], dtype=bool) if where is None else jnp.any(valid, axis=-1)
     if kind == "index":
-        keep = targets != ignore_index
+        keep = keep & (targets != ignore_index)
+        if where is not None:
+            # a target on a class outside `where` has no mass left: the element is ignored too
+            # (an index outside [0, C) stays kept: its NaN must not be hidden under jit)
+            y = jnp.clip(targets, 0, num_classes - 1)
+            on_valid = jnp.take_along_axis(valid, y[..., None], -1)[..., 0]
+            keep = keep & (on_valid | (targets != y))
         one_hot = (classes == targets[..., None]) & keep[..., None]
         t = one_hot.astype(dtype)
     else:
-        keep = jnp.ones(z.shape[:-1], dtype=bool)
         t = jnp.moveaxis(targets.astype(dtype), axis, -1)
-    if label_smoothing != 0.0:
+        if where is not None:
+            # target mass on a class outside `where` leaves the sum (optax), it does not give +inf
+            t = jnp.where(valid & keep[..., None], t, 0.0)
+    if not _is_static(label_smoothing) or label_smoothing != 0.0:
         # t~ = (1 - eps) t + eps / C, the eps mass spread over the classes inside `where` only
         num_valid = jnp.sum(valid, axis=-1, keepdims=True)
         uniform = jnp.where(valid, 1.0 / jnp.maximum(num_valid, 1), 0.0)
+        label_smoothing = jnp.asarray(label_smoothing, dtype)
         t = (1.0 - label_smoothing) * t + label_smoothing * uniform * keep[..., None]
     vector = weight if weight is not None else alpha
     if vector is None:
@@ -244,6 +327,20 @@ def _log1m(x):
     return jnp.where(x > 0.25, jnp.log(1.0 - x), jnp.log1p(-jnp.minimum(x, 0.25)))
 
 
+def _power(log_base, gamma):
+    """base^gamma from log(base): exp(gamma log base), for a Python or a traced gamma.
+
+    x^0 = 1 exactly, also for base 0: exp(0 * log base) = 1 for a finite log base, and a `where`
+    on gamma == 0 where base = 0. For a traced gamma both branches stay finite (double where),
+    so d/dgamma = base^gamma log base is finite too (0 at base 0: see spec's 'gamma' gradient).
+    """
+    if _is_static(gamma):
+        return jnp.ones_like(log_base) if gamma == 0.0 else jnp.exp(gamma * log_base)
+    no_base = log_base == -jnp.inf
+    safe = jnp.where(no_base, 0.0, log_base)
+    return jnp.where(no_base, jnp.where(gamma == 0.0, 1.0, 0.0), jnp.exp(gamma * safe))
+
+
 def _log_softmax(z):
     """log p, log(1 - p), p and 1 - p along the last axis, as in spec (see its docstring).
 
@@ -305,19 +402,22 @@ def _softmax_focal_terms(z, a, gamma):
     the cancellation p_j - 1 when p_j is close to 1.
     """
     log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
-    if gamma == 0.0:
+    if _is_static(gamma) and gamma == 0.0:
         # (1 - p)^0 = 1, also at p = 1
         focal_weight = jnp.ones_like(log_p)
         v = a
     else:
-        # (1 - p)^gamma = exp(gamma log(1 - p))
-        focal_weight = jnp.exp(gamma * log_not_p)
+        # (1 - p)^gamma = exp(gamma log(1 - p)); a traced gamma = 0 gives exactly 1 too
+        focal_weight = _power(log_not_p, gamma)
         phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
         v = a * focal_weight * (1.0 - gamma * phi)
-    # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf;
-    # 0 * log1p(s) is that 0, or NaN when a NaN or +inf logit made the row NaN (never hidden)
+    # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf
+    # (NaN when a NaN or +inf logit made the row NaN: never hidden). The loss is linear in a:
+    # d/da_c = -(1 - p_c)^gamma log p_c also at a_c = 0 (0 where p_c = 0, not 0 * inf)
+    no_p = log_p == -jnp.inf
     loss = -jnp.sum(
-        jnp.where(a == 0.0, 0.0 * log1p_s, a * focal_weight * jnp.where(a == 0.0, 0.0, log_p)),
+        a * focal_weight * jnp.where(no_p, 0.0, log_p)
+        + jnp.where(no_p & (a != 0.0), -jnp.inf, 0.0),
         axis=-1,
     )
     grad = p * _sum_except_self(v) - not_p * v
@@ -348,11 +448,12 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
         focal_weight = jnp.exp(gamma * _at(log_not_p, y))
         phi = _at(_focal_phi(log_p, p, not_p, is_top, s, log1p_s), y)
         v = a_y * focal_weight * (1.0 - gamma * phi)
-    # 0 log 0 = 0: no target mass (zero weight) contributes nothing; NaN rows stay NaN
-    loss = -jnp.where(
-        a_y == 0.0,
-        0.0 * log1p_s[..., 0],
-        a_y * focal_weight * jnp.where(a_y == 0.0, 0.0, log_p_y),
+    # 0 log 0 = 0: no target mass (zero weight) contributes nothing; NaN rows stay NaN;
+    # d/da_y = -(1 - p_y)^gamma log p_y also at a_y = 0 (0 where p_y = 0)
+    no_p = log_p_y == -jnp.inf
+    loss = -(
+        a_y * focal_weight * jnp.where(no_p, 0.0, log_p_y)
+        + jnp.where(no_p & (a_y != 0.0), -jnp.inf, 0.0)
     )
     grad = jnp.where(
         keep[..., None], v[..., None] * jnp.where(is_y, -_at(not_p, y)[..., None], p), 0.0
@@ -377,15 +478,17 @@ def _softmax_cross_entropy_terms_at(z, y, a_y, keep):
     is_y = jnp.arange(z.shape[-1]) == y[..., None]
     log_p_y = (_at(z, y) - z_top[..., 0]) - jnp.log(normaliser[..., 0])
     p = exp_shifted * (1.0 / normaliser)
-    # 0 log 0 = 0: no target mass (zero weight) contributes nothing
-    loss = -jnp.where(
-        a_y == 0.0, 0.0 * normaliser[..., 0], a_y * jnp.where(a_y == 0.0, 0.0, log_p_y)
-    )
+    # 0 log 0 = 0: no target mass (zero weight) contributes nothing; d/da_y = -log p_y also at
+    # a_y = 0 (0 where p_y = 0)
+    no_p = log_p_y == -jnp.inf
+    loss = -(a_y * jnp.where(no_p, 0.0, log_p_y) + jnp.where(no_p & (a_y != 0.0), -jnp.inf, 0.0))
     grad = jnp.where(keep[..., None], a_y[..., None] * jnp.where(is_y, p - 1.0, p), 0.0)
     return loss, grad
 
 
 _softmax_focal_loss = _with_closed_form_grad(_softmax_focal_terms, 1, class_sum=True)
+# a traced gamma is a differentiable argument (its tangent: autodiff of the forward formula)
+_softmax_focal_loss_traced = _with_closed_form_grad(_softmax_focal_terms, 0, class_sum=True)
 _softmax_focal_loss_at = _with_closed_form_grad(_softmax_focal_terms_at, 1, class_sum=True)
 _softmax_cross_entropy_at = _with_closed_form_grad(
     _softmax_cross_entropy_terms_at, 0, class_sum=True
@@ -425,22 +528,30 @@ def _softmax(
     where,
     reduction,
 ):
+    _not_torch(gamma=gamma, label_smoothing=label_smoothing)
     reduction = _checks.reduction(reduction)
     if is_focal:
-        gamma = _checks.gamma(gamma)
+        gamma = _scalar_option("gamma", gamma)
         weight, alpha = None, class_weight_arg
     else:
         weight, alpha = class_weight_arg, None
+    label_smoothing = _scalar_option("label_smoothing", label_smoothing)
     z, t, keep, valid, is_index, class_weight, axis = _softmax_inputs(
         logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where
     )
     num_classes = z.shape[-1]
+    if not _is_static(gamma):
+        gamma = gamma.astype(z.dtype)
+    if where is not None:
+        # elements left out (no class left, target outside `where`): logits 0, so that their
+        # loss and gradient are 0, not NaN from a row of -inf
+        z = jnp.where(keep[..., None], z, 0.0)
     if is_index:
         # an index outside [0, C) cannot raise under jit: its element's loss and gradient are NaN
         y = _as_array(targets)
         poison = jnp.where(keep & ((y < 0) | (y >= num_classes)), jnp.nan, 0.0).astype(z.dtype)
         y = jnp.clip(y, 0, num_classes - 1)
-    if is_index and label_smoothing == 0.0:
+    if is_index and _is_static(label_smoothing) and label_smoothing == 0.0 and _is_static(gamma):
         # one-hot targets: gather the target class instead of forming an N x C one-hot
         a_y = jnp.where(keep, class_weight[y], 0.0) + poison
         if gamma == 0.0:
@@ -452,17 +563,19 @@ def _softmax(
             # ignored elements: logits 0, so that their gradient is 0 even for NaN logits
             z = jnp.where(keep[..., None], z, 0.0) + poison[..., None]
         a = class_weight * t
-        loss = _softmax_focal_loss(z, a, gamma)
+        if _is_static(gamma):
+            loss = _softmax_focal_loss(z, a, gamma)
+        else:
+            loss = _softmax_focal_loss_traced(z, a, gamma)
     # ignored elements give 0 and no gradient, whatever their logits; masked classes no gradient
     loss = jnp.where(keep, loss, 0.0)
     if is_index and not is_focal:
         # torch: the weighted mean divides by the weights of the kept targets
         targets = jnp.where(keep, _as_array(targets), 0)
         denominator = jnp.sum(jnp.where(keep, class_weight[targets], 0.0))
-    elif is_index:
-        denominator = jnp.sum(keep)
     else:
-        denominator = keep.size
+        # plain mean over the kept elements (for probability targets: those with a class left)
+        denominator = jnp.sum(keep)
     loss = _reduce(loss, reduction, denominator)
     return loss.astype(_as_array(logits).dtype)
 
@@ -509,7 +622,8 @@ def softmax_focal_loss(
     """Softmax focal loss (Lin et al.); see ``spec.softmax_focal_loss`` for the math.
 
     Class axis -1 by default; dtypes, gradients and bad indices as ``softmax_cross_entropy``.
-    `gamma` must be a Python number (it selects the code path).
+    `gamma`, `alpha` and `label_smoothing` may be traced (jit arguments, vmap, grad w.r.t.
+    them); a Python gamma = 0 takes the exact cross-entropy branch.
     """
     return _softmax(
         logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
@@ -521,12 +635,12 @@ def softmax_cross_entropy_with_integer_labels(
 ) -> jax.Array:
     """Drop-in for ``optax.softmax_cross_entropy_with_integer_labels``: per-example losses.
 
-    Same signature and output (the logits shape without `axis`). Differences: a label on a class
-    outside `where` gives +inf (optax: a finite number), a row with every class outside `where`
-    gives NaN (optax: 0), labels equal to -100 give 0 (torch's ignore_index), and labels outside
-    [0, C) raise in eager calls and give NaN under jit. `axis` must be an int.
+    The same function as ``dualloss.optax.softmax_cross_entropy_with_integer_labels`` (see it
+    for `axis` tuples, `where` and the differences from optax).
     """
-    return softmax_cross_entropy(logits, labels, axis=axis, where=where, reduction="none")
+    from . import optax
+
+    return optax.softmax_cross_entropy_with_integer_labels(logits, labels, axis, where)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -536,6 +650,7 @@ def softmax_cross_entropy_with_integer_labels(
 
 def _sigmoid_inputs(logits, targets, weight, pos_weight):
     """Validates the sigmoid arguments; returns x, t, w, q in the compute dtype, logits shape."""
+    _not_torch(logits=logits, targets=targets, weight=weight, pos_weight=pos_weight)
     logits = _as_array(logits)
     targets = _as_array(targets)
     _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
@@ -619,12 +734,12 @@ def sigmoid_cross_entropy(
 def sigmoid_binary_cross_entropy(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
     """Drop-in for ``optax.sigmoid_binary_cross_entropy``: per-entry losses, logits shape.
 
-    As in optax, `labels` are cast to the logits dtype (integer 0/1 labels work) and broadcast.
+    The same function as ``dualloss.optax.sigmoid_binary_cross_entropy``: `labels` are cast to
+    the logits dtype (integer 0/1 labels work) and broadcast, as in optax.
     """
-    logits = _as_array(logits)
-    _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
-    labels = jnp.broadcast_to(_as_array(labels).astype(logits.dtype), logits.shape)
-    return sigmoid_cross_entropy(logits, labels, reduction="none")
+    from . import optax
+
+    return optax.sigmoid_binary_cross_entropy(logits, labels)
 
 
 def _sigmoid_focal_terms(x, t, alpha, gamma):
@@ -639,11 +754,8 @@ def _sigmoid_focal_terms(x, t, alpha, gamma):
     log_not_p = -_softplus(x)
     # log(1 - p_t) = logaddexp(log(1 - t) + log p, log t + log(1 - p)); log 0 = -inf drops a term
     log_not_pt = jnp.logaddexp(_log1m(t) + log_p, jnp.log(t) + log_not_p)
-    if gamma == 0.0:
-        # (1 - p_t)^0 = 1, also at p_t = 1
-        focal_weight = jnp.ones_like(x)
-    else:
-        focal_weight = jnp.exp(gamma * log_not_pt)
+    # (1 - p_t)^gamma; (1 - p_t)^0 = 1, also at p_t = 1 and for a traced gamma
+    focal_weight = _power(log_not_pt, gamma)
     if alpha is None:
         alpha_t = jnp.ones_like(x)
     else:
@@ -655,23 +767,25 @@ def _sigmoid_focal_terms(x, t, alpha, gamma):
     return loss, grad
 
 
-def _sigmoid_focal_other_tangent(x, rest, tangents, gamma):
-    """Tangent along t and alpha, closed form (log t is not differentiable at t = 0).
+def _sigmoid_focal_other_tangent(x, rest, tangents, *static):
+    """Tangent along t, alpha and a traced gamma, closed form (log t is not differentiable at 0).
 
     With L = log(1 - p_t): dL/dt = (1 - 2p) / (1 - p_t), d ce/dt = -x, d alpha_t/dt = 2 alpha - 1,
-    d alpha_t/d alpha = 2t - 1.
+    d alpha_t/d alpha = 2t - 1, dl/dgamma = alpha_t (1 - p_t)^gamma L ce (0 where p_t = 1).
+    gamma is `static` (a Python number) or the third of `rest` (traced, with its tangent).
     """
-    t, alpha = rest
-    dt, dalpha = tangents
+    t, alpha, *traced = rest
+    dt, dalpha, *dtraced = tangents
+    gamma = static[0] if static else traced[0]
     loss, _ = _sigmoid_focal_terms(x, t, None, gamma)
     tangent = jnp.zeros_like(x)
     if not _is_zero(dt):
         ce, _ = _sigmoid_terms(x, t, 1.0)
         log_not_pt = jnp.logaddexp(_log1m(t) - _softplus(-x), jnp.log(t) - _softplus(x))
-        focal_weight = jnp.ones_like(x) if gamma == 0.0 else jnp.exp(gamma * log_not_pt)
+        focal_weight = _power(log_not_pt, gamma)
         # d(m ce)/dt = m (d ce/dt + gamma ce dL/dt), ce / (1 - p_t) formed in log space
         d_loss_dt = -x * focal_weight
-        if gamma != 0.0:
+        if not (_is_static(gamma) and gamma == 0.0):
             has_ce = ce > 0.0
             ratio = jnp.where(
                 has_ce, jnp.exp(jnp.log(jnp.where(has_ce, ce, 1.0)) - log_not_pt), 0.0
@@ -684,22 +798,38 @@ def _sigmoid_focal_other_tangent(x, rest, tangents, gamma):
         tangent = tangent + d_loss_dt * dt
     if not _is_zero(dalpha):
         tangent = tangent + (2.0 * t - 1.0) * loss * dalpha
+    if dtraced and not _is_zero(dtraced[0]):
+        log_not_pt = jnp.logaddexp(_log1m(t) - _softplus(-x), jnp.log(t) - _softplus(x))
+        alpha_t = 1.0 if alpha is None else alpha * t + (1.0 - alpha) * (1.0 - t)
+        safe = jnp.where(log_not_pt == -jnp.inf, 0.0, log_not_pt)
+        tangent = tangent + alpha_t * loss * safe * dtraced[0]
     return tangent
 
 
 _sigmoid_focal_value = _with_closed_form_grad(
     _sigmoid_focal_terms, 1, class_sum=False, other_tangent=_sigmoid_focal_other_tangent
 )
+# a traced gamma is a differentiable argument
+_sigmoid_focal_value_traced = _with_closed_form_grad(
+    _sigmoid_focal_terms, 0, class_sum=False, other_tangent=_sigmoid_focal_other_tangent
+)
 
 
 def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
+    _not_torch(gamma=gamma, alpha=alpha)
     reduction = _checks.reduction(reduction)
-    gamma = _checks.gamma(gamma)
-    _checks.focal_alpha(alpha, None)
+    gamma = _scalar_option("gamma", gamma)
+    if isinstance(alpha, (jax.Array, np.ndarray)) and alpha.ndim == 0:
+        alpha = _scalar_option("alpha", alpha)
+    else:
+        _checks.focal_alpha(alpha, None)
     x, t, _, _ = _sigmoid_inputs(logits, targets, None, None)
     if alpha is not None:
         alpha = _as_array(alpha).astype(x.dtype)
-    loss = _sigmoid_focal_value(x, t, alpha, gamma)
+    if _is_static(gamma):
+        loss = _sigmoid_focal_value(x, t, alpha, gamma)
+    else:
+        loss = _sigmoid_focal_value_traced(x, t, alpha, gamma.astype(x.dtype))
     return _sigmoid_reduce(loss, reduction).astype(_as_array(logits).dtype)
 
 
@@ -714,7 +844,7 @@ def sigmoid_focal_loss(
     """Sigmoid focal loss, torchvision semantics; see ``spec.sigmoid_focal_loss`` for the math.
 
     Computed in the logits dtype (float32 for float16/bfloat16) and returned in it; closed-form
-    gradient w.r.t. the logits (custom_jvp). `gamma` must be a Python number; `alpha` None, a
-    number, or a scalar array. Note torchvision's default alpha is 0.25; here it is None.
+    gradient w.r.t. the logits (custom_jvp). `gamma` and `alpha` (None, a number, or a scalar
+    array) may be traced. Note torchvision's default alpha is 0.25; here it is None.
     """
     return _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)

@@ -71,9 +71,10 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     """Validates the softmax arguments; returns them in float64 with the class axis last.
 
     Returns (z, t, keep, valid, is_index, class_weight, axis): `z` the logits with masked classes
-    at -inf, `t` the smoothed target distribution (zero rows where ignored), `keep` the non-ignored
-    elements, `valid` the classes inside `where`, `class_weight` the per-class vector (`weight` or
-    `alpha`, ones if None).
+    at -inf, `t` the smoothed target distribution (zero rows where ignored, zero on classes
+    outside `where`), `keep` the non-ignored elements (not ignore_index, a class left inside
+    `where`, a class-index target inside it), `valid` the classes inside `where`, `class_weight`
+    the per-class vector (`weight` or `alpha`, ones if None).
     """
     logits = _as_array(logits)
     targets = _as_array(targets)
@@ -100,7 +101,19 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         _checks.unit_interval_values("alpha", np.atleast_1d(alpha))
     if where is not None:
         where = _as_array(where)
-        _checks.class_mask(where.shape, where.dtype == np.bool_, where.dtype, logits.shape)
+        try:
+            _checks.class_mask(where.shape, where.dtype == np.bool_, where.dtype, logits.shape)
+        except ValueError:
+            # not a class mask: a mask of the batch shape (the logits shape without `axis`,
+            # optax's [batch]) masks whole elements; the class axis is inserted at `axis`
+            batch_shape = logits.shape[:axis] + logits.shape[axis + 1 :]
+            try:
+                per_element = np.broadcast_shapes(where.shape, batch_shape) == batch_shape
+            except ValueError:
+                per_element = False
+            if where.ndim != len(batch_shape) or not per_element:
+                raise
+            where = np.expand_dims(where, axis)
 
     z = np.moveaxis(logits.astype(np.float64), axis, -1)
     # classes outside `where` leave the softmax: exactly a logit of -inf
@@ -110,13 +123,18 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         valid = np.moveaxis(np.broadcast_to(where, logits.shape), axis, -1)
         z = np.where(valid, z, -np.inf)
     classes = np.arange(num_classes)
+    # an element with no class left inside `where` is left out, exactly like an ignored target
+    keep = np.any(valid, axis=-1)
     if kind == "index":
-        keep = targets != ignore_index
+        # a target on a class outside `where` has no mass left: the element is ignored too
+        on_valid = np.take_along_axis(valid, np.clip(targets, 0, num_classes - 1)[..., None], -1)
+        keep = keep & (targets != ignore_index) & on_valid[..., 0]
         one_hot = (classes == targets[..., None]) & keep[..., None]
         t = one_hot.astype(np.float64)
     else:
-        keep = np.ones(z.shape[:-1], dtype=bool)
+        # target mass on a class outside `where` leaves the sum (optax), it does not give +inf
         t = np.moveaxis(targets.astype(np.float64), axis, -1)
+        t = np.where(valid & keep[..., None], t, 0.0)
     if label_smoothing != 0.0:
         # t~ = (1 - eps) t + eps / C, the eps mass spread over the classes inside `where` only
         num_valid = np.sum(valid, axis=-1, keepdims=True)
@@ -314,10 +332,9 @@ def _softmax_elements(
         # torch: the weighted mean divides by the weights of the kept targets
         targets = np.where(keep, _as_array(targets), 0)
         denominator = np.sum(np.where(keep, class_weight[targets], 0.0))
-    elif is_index:
-        denominator = np.sum(keep)
     else:
-        denominator = keep.size
+        # plain mean over the kept elements (for probability targets: those with a class left)
+        denominator = np.sum(keep)
     terms = terms._replace(loss=loss, grad=grad)
     return SoftmaxIntermediates(terms, z, a, keep, valid, float(denominator), axis)
 
@@ -351,11 +368,16 @@ def softmax_cross_entropy(
       weight: optional per-class weights, length C.
       ignore_index: class-index targets equal to this give 0 and are left out of the mean.
       label_smoothing: eps in [0, 1]; with `where`, the eps mass goes to the unmasked classes.
-      where: optional boolean mask broadcastable to the logits: False classes leave the softmax
-        (optax semantics); a target on a masked class gives +inf.
+      where: optional boolean mask, optax semantics. A mask that broadcasts to the logits is a
+        class mask: False classes leave the softmax (exactly a logit of -inf) and the target
+        sum (probability mass on them is dropped, not +inf). Otherwise a mask of the batch
+        shape (the logits shape without `axis`, broadcastable to it) masks whole elements. An
+        element with no class left, or whose class-index target is a masked class, is treated
+        as ignored: loss 0, zero gradient, left out of the mean.
       reduction: 'none' (per-element losses), 'sum', or 'mean' (torch's: divided by the summed
-        weights of the kept targets for class indices, by the number of elements for
-        probabilities; 0 when nothing is kept).
+        weights of the kept targets for class indices, by the number of kept elements for
+        probabilities, i.e. all of them unless `where` leaves one no class; 0 when nothing is
+        kept).
 
     Returns:
       float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise.
@@ -907,8 +929,9 @@ def _softmax_input_grad(
     # 0 for a class without mass, NaN in the rows a NaN or +inf logit made NaN
     zero = np.where(np.isnan(terms.log_p), np.nan, 0.0)
     if wrt == "targets":
-        # dl/dt_c = (1 - eps) w_c g_c
+        # dl/dt_c = (1 - eps) w_c g_c; 0 on a class outside `where`, whose mass is dropped
         grad = _times_mass(np.broadcast_to((1.0 - eps) * class_weight, g.shape), g, zero)
+        grad = np.where(valid, grad, 0.0)
     elif wrt == "label_smoothing":
         # dl/deps = sum_c w_c (u_c - t_c) g_c = sum_c w_c (v_c - K t_c) g_c / K, v_c = K u_c in
         # {0, 1}: one division by K, so the coefficients of a one-hot row sum to exactly 0

@@ -64,6 +64,8 @@ BACKEND_EXTRAS = {
     "jax_impl": {
         # dtypes and traced values
         "_is_concrete", "_compute_dtype", "_check_traced_indices",
+        # wrong-framework input, and options that may be traced (gamma, alpha, label_smoothing)
+        "_not_torch", "_is_static", "_scalar_option", "_power",
         # the custom_jvp adapter (closed-form derivative rules)
         "_is_zero", "_forward_tangent", "_closed_form_jvp", "_with_closed_form_grad",
         # XLA:CPU's float64 log1p is inaccurate below -0.3
@@ -76,8 +78,12 @@ BACKEND_EXTRAS = {
     "torch_impl": {
         # dtypes, index validation and functorch
         "_dtype_name", "_compute_dtype", "_is_index", "_values_are_concrete", "_softmax_targets",
+        # torch.autocast runs the losses in float32; the kept elements (ignore_index, `where`)
+        "_autocast_float32", "_softmax_keep",
         # the autograd.Function adapter and its in-place rule
         "_ClosedFormGrad", "_with_closed_form_grad", "_inplace",
+        # gradients w.r.t. targets, weights and alpha: autograd through the forward formula
+        "_other_input_grads",
         # the row statistics shared by the dense and the sparse path
         "_row_stats", "_softmax_focal_terms_sparse", "_softmax_loss_or_grad",
         # fused element-wise kernels and the loss-or-gradient bodies of the sigmoid losses
