@@ -24,7 +24,18 @@ function by function with the same local names. What differs:
 * ``log(1 - p_top)`` uses ``log s`` directly (s = sum_{j != top} exp(z_j - z_top)) instead of the
   spec's runner-up rescaling; when s underflows, every term it enters is O(s^(1 + gamma)), below
   the dtype's smallest normal number, so nothing representable changes.
-* Targets are constants: no gradient flows to probability targets, weights or ``alpha``.
+* Every other tensor that requires grad gets its true gradient: probability targets, ``weight``,
+  ``pos_weight``, a vector or tensor ``alpha`` (the vector-Jacobian product of the forward formula,
+  recomputed in backward only when one of them requires grad: nothing more is saved).
+  ``gamma``, ``label_smoothing`` and the sigmoid focal ``alpha`` are Python numbers; a tensor
+  there raises ``TypeError``, never a silently missing gradient.
+* Inputs are torch tensors: a NumPy or JAX array raises ``TypeError`` (never silently converted).
+* Under ``torch.autocast`` the floating inputs (float64 aside) are cast to float32 and the loss is
+  float32, as torch does for ``cross_entropy`` and ``binary_cross_entropy_with_logits``.
+* ``where`` follows optax: a mask that broadcasts to the logits is a class mask (masked classes
+  leave the softmax and the target sum); otherwise a mask of the batch shape (the logits shape
+  without ``axis``) masks whole elements. An element with no class left, or with a class-index
+  target on a masked class, counts as ignored (loss 0, zero gradient, left out of the mean).
 
 Finite math: values and gradients are finite wherever the exact result is representable in the
 compute dtype (float32 for half inputs). The gradient is always bounded by (1 + gamma) sum_c a_c,
@@ -38,7 +49,8 @@ Index validation: checking that class indices lie in [0, C) (and that a vector `
 (eager calls raise the same ``_checks`` message as the spec). Turn it off with the environment
 variable ``DUALLOSS_VALIDATE_INDICES=0``, globally with ``set_validate_indices(False)``, or for a
 block with ``with set_validate_indices(False): ...``. It is skipped under ``torch.func`` transforms
-when the targets are batched (their values are not concrete there). Unchecked out-of-range indices
+when the targets are batched (their values are not concrete there) and under ``torch.compile``
+(no host read, no graph break: ``fullgraph=True`` works). Unchecked out-of-range indices
 are undefined behaviour, as in ``torch.gather`` (an error on CPU, a device assert on CUDA).
 """
 
@@ -49,7 +61,6 @@ import numbers
 import os
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -101,9 +112,32 @@ class set_validate_indices:
 # ----------------------------------------------------------------------------------------------
 
 
-def _as_array(x: ArrayLike, device: torch.device | None = None) -> Tensor:
-    """Tensor view of `x` (tensor, NumPy array, Python scalar or sequence), on `device` if given."""
-    return torch.as_tensor(x, device=device)
+def _as_array(name: str, x: ArrayLike, device: torch.device | None = None) -> Tensor:
+    """`x` on `device` (if given); it must already be a torch.Tensor.
+
+    A NumPy or JAX array is refused, never silently converted (torch.nn.functional does the same).
+    """
+    if not isinstance(x, Tensor):
+        kind = f"{type(x).__module__}.{type(x).__qualname__}"
+        raise TypeError(f"`{name}` must be a torch.Tensor. Received: {name} of type {kind}.")
+    return x if device is None else x.to(device)
+
+
+def _autocast_float32(x: Tensor, device_type: str) -> Tensor:
+    """`x` in float32 where torch.autocast would run cross_entropy / BCE-with-logits in float32.
+
+    Both are on autocast's float32 list: inside an autocast region their floating inputs on that
+    device (float64 aside) are cast to float32 and the loss is float32, whatever the autocast dtype.
+    """
+    if (
+        x is not None
+        and x.is_floating_point()
+        and x.dtype != torch.float64
+        and x.device.type == device_type
+        and torch.is_autocast_enabled(device_type)
+    ):
+        return x.float()
+    return x
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -121,7 +155,10 @@ def _is_index(targets: Tensor) -> bool:
 
 
 def _values_are_concrete(x: Tensor) -> bool:
-    """False under torch.func transforms that batch `x` (its values cannot be read there)."""
+    """False under torch.compile (values are symbolic: no host reads, no graph break) and under
+    torch.func transforms that batch `x` (its values cannot be read there)."""
+    if torch.compiler.is_compiling():
+        return False
     is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
     return is_wrapped is None or not is_wrapped(x)
 
@@ -130,12 +167,16 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     """Validates the softmax arguments (the checking half of ``spec._softmax_inputs``).
 
     Returns (logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index):
-    tensors on the logits' device, `class_weight` the per-class vector (`weight` or `alpha`) in the
-    compute dtype, or None for ones. The float conversion happens in ``_softmax_targets``, inside
-    the autograd Function, so that nothing but the inputs is kept for backward.
+    tensors on the logits' device, `where` a class mask (a batch-shape mask gets the class axis
+    inserted), `class_weight` the per-class vector (`weight` or `alpha`) in the compute dtype, or
+    None for ones. The float conversion happens in ``_softmax_targets``, inside the autograd
+    Function, so that nothing but the inputs is kept for backward. Under torch.autocast the
+    floating inputs are float32, as for ``torch.nn.functional.cross_entropy``.
     """
-    logits = _as_array(logits)
-    targets = _as_array(targets, logits.device)
+    logits = _as_array("logits", logits)
+    device_type = logits.device.type
+    logits = _autocast_float32(logits, device_type)
+    targets = _autocast_float32(_as_array("targets", targets, logits.device), device_type)
     _checks.float_logits("logits", logits.is_floating_point(), _dtype_name(logits.dtype))
     axis = _checks.class_axis(axis, logits.ndim)
     num_classes = logits.shape[axis]
@@ -153,30 +194,51 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
         if bool(bad.any()):
             _checks.class_indices(targets.cpu().numpy(), num_classes, ignore_index)
+    if kind == "index":
+        # gather and indexing take int64 (a uint8 index tensor would even be read as a mask)
+        targets = targets.long()
     if weight is not None:
-        weight = _as_array(weight, logits.device)
+        weight = _as_array("weight", weight, logits.device)
         _checks.class_vector("weight", weight.shape, num_classes)
     if alpha is not None:
         if not isinstance(alpha, numbers.Real):
-            alpha = _as_array(alpha, logits.device)
+            alpha = _as_array("alpha", alpha, logits.device)
+        # a number is checked here (no NumPy call: torch.compile traces this function)
         _checks.focal_alpha(alpha, num_classes)
-        if isinstance(alpha, numbers.Real):
-            _checks.unit_interval_values("alpha", np.atleast_1d(alpha))
-        elif _VALIDATE_INDICES and _values_are_concrete(alpha):
+        if (
+            not isinstance(alpha, numbers.Real)
+            and _VALIDATE_INDICES
+            and _values_are_concrete(alpha)
+        ):
             _checks.unit_interval_values("alpha", alpha.detach().double().cpu().numpy().ravel())
     if where is not None:
-        where = _as_array(where, logits.device)
-        _checks.class_mask(
-            where.shape, where.dtype == torch.bool, _dtype_name(where.dtype), logits.shape
-        )
+        where = _as_array("where", where, logits.device)
+        is_bool = where.dtype == torch.bool
+        try:
+            _checks.class_mask(where.shape, is_bool, _dtype_name(where.dtype), logits.shape)
+        except ValueError:
+            # not a class mask: a mask of the batch shape (the logits shape without `axis`,
+            # optax's [batch]) masks whole elements; the class axis is inserted at `axis`
+            batch_shape = logits.shape[:axis] + logits.shape[axis + 1 :]
+            if where.ndim != len(batch_shape):
+                raise
+            try:
+                per_element = torch.broadcast_shapes(where.shape, batch_shape) == batch_shape
+            except RuntimeError:
+                per_element = False
+            if not per_element:
+                raise
+            where = where.unsqueeze(axis)
 
     vector = weight if weight is not None else alpha
     dtype = _compute_dtype(logits.dtype)
     if vector is None:
         class_weight = None
+    elif isinstance(vector, numbers.Real):
+        class_weight = torch.full((num_classes,), float(vector), dtype=dtype, device=logits.device)
     else:
-        vector = _as_array(vector, logits.device).to(dtype)
-        class_weight = vector.expand(num_classes).detach()
+        # not detached: a `weight` or `alpha` that requires grad gets its gradient (autograd)
+        class_weight = vector.to(dtype).expand(num_classes)
     return (
         logits,
         targets,
@@ -187,6 +249,23 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         label_smoothing,
         kind == "index",
     )
+
+
+def _softmax_keep(targets, valid, ignore_index, is_index):
+    """The elements that count (batch shape, `valid` class axis last), or None for all of them.
+
+    Left out, like an ignored target: a class index equal to `ignore_index`, an element with no
+    class left inside `where`, and a class-index target on a class outside `where`.
+    """
+    keep = targets != ignore_index if is_index else None
+    if valid is None:
+        return keep
+    has_class = valid.any(dim=-1)
+    keep = has_class if keep is None else keep & has_class
+    if is_index:
+        y = targets.clamp(0, valid.shape[-1] - 1).unsqueeze(-1)
+        keep = keep & valid.gather(-1, y).squeeze(-1)
+    return keep
 
 
 def _softmax_targets(logits, targets, where, class_weight, axis, ignore_index, label_smoothing):
@@ -204,9 +283,13 @@ def _softmax_targets(logits, targets, where, class_weight, axis, ignore_index, l
         valid = None
     else:
         valid = where.expand(logits.shape).movedim(axis, -1)
-        z = z.masked_fill(~valid, -math.inf)
-    if _is_index(targets):
-        keep = targets != ignore_index
+        # double where: a row with no class left is all -inf (NaN statistics); it is left out
+        # (keep), and zeros keep its unused branch finite for the gradients through it
+        has_class = valid.any(dim=-1, keepdim=True)
+        z = torch.where(valid, z, torch.where(has_class, -math.inf, 0.0))
+    is_index = _is_index(targets)
+    keep = _softmax_keep(targets, valid, ignore_index, is_index)
+    if is_index:
         y = torch.where(keep, targets, 0).unsqueeze(-1)
         if label_smoothing == 0.0:
             # fast path: a = class_weight * onehot(y) is nonzero only at y
@@ -219,8 +302,10 @@ def _softmax_targets(logits, targets, where, class_weight, axis, ignore_index, l
         one_hot = (classes == y) & keep.unsqueeze(-1)
         t = one_hot.to(z.dtype)
     else:
-        keep = None
         t = targets.movedim(axis, -1).to(z.dtype)
+        if valid is not None:
+            # target mass on a class outside `where` leaves the sum (optax), it does not give +inf
+            t = torch.where(valid & keep.unsqueeze(-1), t, 0.0)
     if label_smoothing != 0.0:
         # t~ = (1 - eps) t + eps / C, the eps mass spread over the classes inside `where` only
         if valid is None:
@@ -262,8 +347,36 @@ class _ClosedFormGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss):
         saved = ctx.saved_tensors
-        grad = ctx.loss_or_grad(*saved, *ctx.options, grad_loss)
-        return None, None, grad, *([None] * (len(saved) + len(ctx.options) - 1))
+        needs_grad = ctx.needs_input_grad[2:]
+        grads = [None] * (len(saved) + len(ctx.options))
+        if needs_grad[0]:
+            grads[0] = ctx.loss_or_grad(*saved, *ctx.options, grad_loss)
+        wrt = [i for i in range(1, len(saved)) if needs_grad[i]]
+        if wrt:
+            other_grads = _other_input_grads(ctx.loss_or_grad, saved, ctx.options, wrt, grad_loss)
+            for i, grad in zip(wrt, other_grads, strict=True):
+                grads[i] = grad
+        return None, None, *grads
+
+
+def _other_input_grads(loss_or_grad, saved, options, wrt, grad_loss):
+    """Gradients w.r.t. the saved inputs `wrt` other than the logits (targets, weights, alpha).
+
+    The loss is smooth and cheap in them (linear for the cross entropies), so the vector-Jacobian
+    product of the forward formula (written NaN-safe for it: the double wheres) gives them; only
+    when one of them requires grad is anything recomputed. ``torch.func.vjp`` rather than
+    ``torch.autograd.grad``, so that ``torch.func`` transforms of the backward (jacrev, vmap over
+    grad) work too; with create_graph the logits stay attached, giving the mixed second derivatives.
+    """
+
+    def forward(*values):
+        inputs = list(saved)
+        for i, value in zip(wrt, values, strict=True):
+            inputs[i] = value
+        return loss_or_grad(*inputs, *options, None)
+
+    _, vjp = torch.func.vjp(forward, *[saved[i] for i in wrt])
+    return vjp(grad_loss)
 
 
 def _with_closed_form_grad(loss_or_grad, num_saved):
@@ -378,10 +491,11 @@ def _softmax_focal_terms(z, a, gamma, grad_loss):
         phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
         v = a * focal_weight * (1.0 - gamma * phi)
     if grad_loss is None:
-        # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf
+        # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is
+        # -inf (double where: d/da stays -(1 - p)^gamma log p, finite, wherever p > 0)
         weighted = a if focal_weight is None else a * focal_weight
-        loss = -torch.where(a == 0.0, 0.0, weighted * log_p).sum(dim=-1)
-        return loss
+        loss = -(weighted * torch.where((a == 0.0) & (log_p == -math.inf), 0.0, log_p))
+        return loss.sum(dim=-1)
     grad = p * _sum_except_self(v) - not_p * v
     return grad * grad_loss.unsqueeze(-1)
 
@@ -426,7 +540,7 @@ def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss):
     if grad_loss is None:
         # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
         weighted = a_y if focal_weight is None else a_y * focal_weight
-        loss = -torch.where(a_y == 0.0, 0.0, weighted * log_p)
+        loss = -(weighted * torch.where((a_y == 0.0) & (log_p == -math.inf), 0.0, log_p))
         return loss.squeeze(-1)
     coefficient = grad_loss.unsqueeze(-1) * v
     if inplace:
@@ -519,17 +633,20 @@ def _softmax(
     loss = _softmax_focal_loss(
         logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing
     )
-    keep = targets != ignore_index if is_index else None
     if reduction != "mean":
         denominator = None
-    elif is_index and not is_focal and class_weight is not None:
-        # torch: the weighted mean divides by the weights of the kept targets
-        targets = torch.where(keep, targets, 0)
-        denominator = torch.where(keep, class_weight[targets], 0.0).sum()
-    elif is_index:
-        denominator = keep.sum()
     else:
-        denominator = loss.numel()
+        valid = None if where is None else where.expand(logits.shape).movedim(axis, -1)
+        keep = _softmax_keep(targets, valid, ignore_index, is_index)
+        if is_index and not is_focal and class_weight is not None:
+            # torch: the weighted mean divides by the weights of the kept targets
+            targets = torch.where(keep, targets, 0)
+            denominator = torch.where(keep, class_weight[targets], 0.0).sum()
+        elif keep is not None:
+            # plain mean over the kept elements (probability targets: those with a class left)
+            denominator = keep.sum()
+        else:
+            denominator = loss.numel()
     loss = _reduce(loss, reduction, denominator)
     return loss.to(logits.dtype)
 
@@ -591,8 +708,10 @@ def softmax_focal_loss(
 def _sigmoid_inputs(logits, targets, weight, pos_weight):
     """Validates the sigmoid arguments; returns logits, targets, weight, pos_weight as tensors
     (the factors None when not given: ones are never materialised)."""
-    logits = _as_array(logits)
-    targets = _as_array(targets, logits.device)
+    logits = _as_array("logits", logits)
+    device_type = logits.device.type
+    logits = _autocast_float32(logits, device_type)
+    targets = _autocast_float32(_as_array("targets", targets, logits.device), device_type)
     _checks.float_logits("logits", logits.is_floating_point(), _dtype_name(logits.dtype))
     _checks.sigmoid_targets(
         targets.shape, targets.is_floating_point(), _dtype_name(targets.dtype), logits.shape
@@ -602,9 +721,10 @@ def _sigmoid_inputs(logits, targets, weight, pos_weight):
         if factor is None:
             factors.append(None)
             continue
-        factor = _as_array(factor, logits.device)
+        factor = _autocast_float32(_as_array(name, factor, logits.device), device_type)
         _checks.broadcastable(name, factor.shape, logits.shape)
-        factors.append(factor.detach())
+        # not detached: a `weight` or `pos_weight` that requires grad gets its gradient
+        factors.append(factor)
     return logits, targets, factors[0], factors[1]
 
 
@@ -828,8 +948,17 @@ def cross_entropy(
     """Drop-in for ``torch.nn.functional.cross_entropy`` (same signature and defaults).
 
     Input (C,) or (N, C, d1, ...). Differences: a mean over no kept target is 0, not NaN; NaN-safe
-    closed-form gradient; no gradient flows to probability targets.
+    closed-form gradient; `weight` gets a gradient when it requires one (torch raises). Class
+    indices must be int64 or uint8, as torch requires.
     """
+    target = _as_array("target", target)
+    if _is_index(target) and target.dtype not in (torch.int64, torch.uint8):
+        # torch: "expected target dtype to be Long or Byte" (RuntimeError), so the same class here
+        dtype = _dtype_name(target.dtype)
+        raise RuntimeError(
+            "`target` of class indices must be int64 or uint8, as for "
+            f"torch.nn.functional.cross_entropy. Received: target.dtype={dtype}."
+        )
     reduction = _legacy_reduction(size_average, reduce, reduction)
     axis = 1 if input.dim() >= 2 else 0
     return softmax_cross_entropy(
@@ -872,7 +1001,7 @@ class CrossEntropyLoss(torch.nn.Module):
         label_smoothing: float = 0.0,
     ) -> None:
         super().__init__()
-        self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
+        self.register_buffer("weight", None if weight is None else _as_array("weight", weight))
         self.ignore_index = ignore_index
         self.reduction = _checks.reduction(_legacy_reduction(size_average, reduce, reduction))
         self.label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
@@ -900,9 +1029,9 @@ class BCEWithLogitsLoss(torch.nn.Module):
         pos_weight: Tensor | None = None,
     ) -> None:
         super().__init__()
-        self.register_buffer("weight", None if weight is None else torch.as_tensor(weight))
+        self.register_buffer("weight", None if weight is None else _as_array("weight", weight))
         self.register_buffer(
-            "pos_weight", None if pos_weight is None else torch.as_tensor(pos_weight)
+            "pos_weight", None if pos_weight is None else _as_array("pos_weight", pos_weight)
         )
         self.reduction = _checks.reduction(_legacy_reduction(size_average, reduce, reduction))
 
@@ -931,7 +1060,7 @@ class FocalLoss(torch.nn.Module):
             self.register_buffer("alpha", None)
         else:
             self.alpha_scalar = None
-            self.register_buffer("alpha", torch.as_tensor(alpha))
+            self.register_buffer("alpha", _as_array("alpha", alpha))
         self.ignore_index = _checks.ignore_index(ignore_index)
         self.label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
         self.reduction = _checks.reduction(reduction)
