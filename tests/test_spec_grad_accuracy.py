@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 from test_spec_accuracy import GAMMAS, MARGINS, SIGMOID_LOGITS, _rows, _targets
 
-from dualloss import spec
+from dualloss import losses, spec
 
 ULPS = 4
 SIGMOID_TARGETS = [0.0, 1.0, 0.3, 0.7]
@@ -256,7 +256,7 @@ BATCH_INDEX = [0, 1, -100, 3]
 def _softmax_batch_exact(loss, targets, wrt, kwargs):
     """Per-row exact derivatives and values (reduction 'none' of each row)."""
     oracle = (
-        mp_oracle.softmax_focal if loss == "softmax_focal_loss" else mp_oracle.softmax_cross_entropy
+        mp_oracle.softmax_focal if losses.get(loss).is_focal else mp_oracle.softmax_cross_entropy
     )
     rows = []
     for logits, target in zip(BATCH_LOGITS, targets):
@@ -299,7 +299,9 @@ def test_softmax_reduced_input_grads_within_4_ulp_of_their_terms(
     call = f"spec.{loss}_grad({kind} targets, {kwargs}, reduction={reduction!r}, wrt={wrt!r})"
     with mp_oracle.mpmath.workdps(mp_oracle.DIGITS + mp_oracle._GUARD):
         weight = kwargs.get("weight")
-        quotient = kind == "index" and loss == "softmax_cross_entropy" and reduction == "mean"
+        quotient = (
+            kind == "index" and losses.get(loss).index_mean == "weights" and reduction == "mean"
+        )
         if reduction == "sum":
             divisor = mpf(1)
         elif quotient:
@@ -356,7 +358,7 @@ def test_sigmoid_reduced_input_grads_within_4_ulp_of_their_terms(loss, wrt, kwar
     x = [-700.0, -20.0, -1.0, 1e-8, 3.0, 37.0]
     t = [0.3, 0.0, 1.0, 0.7, 0.0, 1.0]
     oracle = (
-        mp_oracle.sigmoid_focal if loss == "sigmoid_focal_loss" else mp_oracle.sigmoid_cross_entropy
+        mp_oracle.sigmoid_focal if losses.get(loss).is_focal else mp_oracle.sigmoid_cross_entropy
     )
     rows = [oracle(xi, ti, wrt=wrt, **kwargs) for xi, ti in zip(x, t)]
     got = getattr(spec, loss + "_grad")(

@@ -57,7 +57,8 @@ def _check(name, z, targets, kwargs, wrt):
     loss = getattr(spec, name)
     closed = getattr(spec, name + "_grad")(z, targets, wrt=wrt, **kwargs)
     if wrt == "targets":
-        low, high = (0.0, 1.0) if name == "sigmoid_focal_loss" else (-np.inf, np.inf)
+        focal_sigmoid = losses.get(name).is_focal and not losses.get(name).is_softmax
+        low, high = (0.0, 1.0) if focal_sigmoid else (-np.inf, np.inf)
         numeric = _differences(lambda t: loss(z, t, **kwargs), targets, low, high)
     else:
         numeric = _differences(
@@ -97,7 +98,7 @@ def test_softmax_option_gradients_with_class_indices_match_central_differences(c
 @given(strategies.sigmoid_calls())
 def test_sigmoid_target_and_option_gradients_match_central_differences(call):
     name, z, t, kwargs = call
-    if name == "sigmoid_focal_loss":
+    if losses.get(name).is_focal:
         # (1 - p_t)^gamma with gamma < 1 bends within a step of t = 0 or 1 when p is near t:
         # differences lose their accuracy there (test_spec_grad_accuracy covers the ends)
         t = np.clip(t, 0.05, 0.95)
@@ -160,7 +161,7 @@ def test_mass_moved_onto_a_class_of_probability_zero_has_gradient_plus_inf(name)
     grad = getattr(spec, name + "_grad")(np.where(where, z, 0.0), t, where=where, wrt="targets")
     assert grad[0, 2] == 0.0 and np.all(np.isfinite(grad)), grad
     # a class weight of 0 removes the class: no dependence on its target, gradient 0
-    weight = {"weight" if name == "softmax_cross_entropy" else "alpha": np.array([1, 1, 0, 1.0])}
+    weight = {losses.get(name).class_vector: np.array([1, 1, 0, 1.0])}
     grad = getattr(spec, name + "_grad")(z, t, wrt="targets", **weight)
     assert grad[0, 2] == 0.0, grad
 
@@ -191,7 +192,7 @@ def test_all_ignored_rows_give_zero_option_gradients(name, reduction):
     z = np.random.default_rng(0).normal(size=(3, 4))
     z[1, 2] = np.nan  # an ignored row's logits do not matter
     options = {"label_smoothing": 0.1}
-    options["weight" if name == "softmax_cross_entropy" else "alpha"] = np.full(4, 0.5)
+    options[losses.get(name).class_vector] = np.full(4, 0.5)
     for wrt in OPTION_WRT[name][1:]:
         grad = getattr(spec, name + "_grad")(
             z, np.full(3, -100), reduction=reduction, wrt=wrt, **options
