@@ -12,11 +12,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# The scripts bind ``from dualloss.parity import check`` when they are imported: a call of
-# ``dualloss.parity.check`` imports the submodule ``dualloss.parity.check``, which then shadows
-# the function as an attribute of the package, so a second ``dualloss.parity.check(...)`` in the
-# same process would call a module.
-
 SIZES = (64, 256, 10)  # the MLP: 64 pixels, one hidden ReLU layer of 256, 10 digits
 LR = 0.5
 BATCH = 128

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 
 from dualloss import jax_impl
-from dualloss.parity import check  # bound now: see the note in common.py
+from dualloss.parity import check
 
 from . import common, naive_jax
 from .common import Run

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from dualloss import torch_impl
-from dualloss.parity import check  # bound now: see the note in common.py
+from dualloss.parity import check
 
 from . import common, naive_torch
 from .common import Run

@@ -33,39 +33,143 @@ def _option(text: str) -> tuple[str, object]:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dualloss-parity",
-        description="Judge loss implementations against the float64 dualloss spec.",
+        description="Judge loss implementations against the float64 dualloss spec. "
+        "Exit status: 0 parity holds, 1 failures (or nothing judged), 2 usage error.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run dualloss's backends (and peers) over every case")
-    run.add_argument("--backends", type=_csv, default=["torch", "jax"])
-    run.add_argument("--devices", type=_csv, default=None, help="e.g. cpu,cuda:0 (default: all)")
-    run.add_argument("--dtypes", type=_csv, default=["float32", "float64", "float16", "bfloat16"])
-    run.add_argument("--losses", type=_csv, default=list(LOSSES))
-    run.add_argument("--regions", type=_csv, default=None)
+    run = sub.add_parser(
+        "run",
+        help="run dualloss's backends (and peers) over every case",
+        description="Judge dualloss's own backends (and, with --peers, torch / optax / kornia) on "
+        "every adversarial case, dtype, device and mode; print a summary, optionally write a "
+        "JSON + Markdown report with plots.",
+    )
+    run.add_argument(
+        "--backends",
+        type=_csv,
+        default=["torch", "jax"],
+        help="comma-separated frameworks to judge (default: torch,jax)",
+    )
+    run.add_argument(
+        "--devices",
+        type=_csv,
+        default=None,
+        help="e.g. cpu,cuda:0,gpu:1 (default: every device each framework sees)",
+    )
+    run.add_argument(
+        "--dtypes",
+        type=_csv,
+        default=["float32", "float64", "float16", "bfloat16"],
+        help="comma-separated dtypes (default: all four)",
+    )
+    run.add_argument(
+        "--losses",
+        type=_csv,
+        default=list(LOSSES),
+        help=f"comma-separated spec losses (default: {','.join(LOSSES)})",
+    )
+    run.add_argument(
+        "--regions",
+        type=_csv,
+        default=None,
+        help="comma-separated case regions (default: all; see docs/parity.md)",
+    )
     level = run.add_mutually_exclusive_group()
-    level.add_argument("--quick", action="store_const", dest="level", const="quick")
-    level.add_argument("--full", action="store_const", dest="level", const="full")
+    level.add_argument(
+        "--quick",
+        action="store_const",
+        dest="level",
+        const="quick",
+        help="the CI's case set (default): ~2 min on 2 CPU cores",
+    )
+    level.add_argument(
+        "--full",
+        action="store_const",
+        dest="level",
+        const="full",
+        help="more margins, gammas and shapes; both JAX modes; torch.compile",
+    )
     run.add_argument("--peers", action="store_true", help="also measure torch/optax/kornia")
     run.add_argument("--only-peers", action="store_true", help="measure the peers only")
     run.add_argument("--no-jit", action="store_true", help="JAX eager mode only")
     run.add_argument("--compile", action="store_true", help="torch.compile also with --quick")
-    run.add_argument("--report", metavar="DIR", default=None, help="write JSON + Markdown here")
-    run.add_argument("--no-progress", action="store_true")
-    run.add_argument("--max-failures", type=int, default=10)
+    run.add_argument(
+        "--report",
+        metavar="DIR",
+        default=None,
+        help="write parity.json, report.md and PNG plots here",
+    )
+    run.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (it is shown only on a terminal anyway)",
+    )
+    run.add_argument(
+        "--max-failures",
+        type=int,
+        default=10,
+        help="failures printed per kind (default 10; the JSON has all)",
+    )
     run.set_defaults(level="quick")
 
-    check = sub.add_parser("check", help="check your own loss function")
-    check.add_argument("candidate", metavar="MODULE:FUNCTION")
-    check.add_argument("--reference", required=True, choices=LOSSES)
-    check.add_argument("--backend", required=True, choices=["torch", "jax"])
-    check.add_argument("--option", type=_option, action="append", default=[],
-                       metavar="KEY=VALUE")  # fmt: skip
-    check.add_argument("--dtypes", type=_csv, default=None)
-    check.add_argument("--max-examples", type=int, default=None)
-    check.add_argument("--skip", type=_csv, default=[])
-    check.add_argument("--device", default=None)
-    check.add_argument("--jit", action="store_true")
-    return parser
+    check = sub.add_parser(
+        "check",
+        help="check your own loss function",
+        description="Judge MODULE:FUNCTION, called as FUNCTION(logits, targets) in the "
+        "backend's layout, against spec.REFERENCE: feature probes, adversarial cases, then "
+        "Hypothesis, under the practical standard (docs/parity.md). Features it raises on are "
+        "reported as unsupported; NaN, inf and errors beyond the tolerance are failures.",
+    )
+    check.add_argument(
+        "candidate",
+        metavar="MODULE:FUNCTION",
+        help="the loss to judge (the current directory is on sys.path)",
+    )
+    check.add_argument("--reference", required=True, choices=LOSSES, help="the spec loss")
+    check.add_argument(
+        "--backend", required=True, choices=["torch", "jax"], help="the candidate's framework"
+    )
+    check.add_argument(
+        "--option",
+        type=_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a spec keyword argument the candidate implements (a Python literal;"
+        " repeat for several), e.g. gamma=0.5 or reduction='\"sum\"'",
+    )
+    check.add_argument(
+        "--dtypes",
+        type=_csv,
+        default=None,
+        help="comma-separated dtypes (default: float32,float64)",
+    )
+    check.add_argument(
+        "--max-examples",
+        type=int,
+        default=None,
+        help="Hypothesis examples per dtype (default 50; 0: none)",
+    )
+    check.add_argument(
+        "--skip", type=_csv, default=[], help="comma-separated regions to leave out (rarely needed)"
+    )
+    check.add_argument("--device", default=None, help="e.g. cuda:0 (default: the first)")
+    check.add_argument("--jit", action="store_true", help="JAX: wrap the candidate in jax.jit")
+    check.add_argument(
+        "--standard",
+        choices=["practical", "ours"],
+        default="practical",
+        help="the tolerance (default practical; ours: dualloss's own)",
+    )
+    check.add_argument(
+        "--binary-targets",
+        action="store_true",
+        help="sigmoid losses: the candidate takes targets in {0, 1} only",
+    )
+    check.add_argument(
+        "--stop-at-first", action="store_true", help="stop after the first dtype that fails"
+    )
+    return parser  # fmt: skip
 
 
 def _run(args, parser) -> int:
@@ -113,7 +217,7 @@ def _run(args, parser) -> int:
 
 
 def _check(args, parser) -> int:
-    from .check import check, resolve
+    from ._check import check, resolve
 
     sys.path.insert(0, os.getcwd())
     try:
@@ -124,9 +228,10 @@ def _check(args, parser) -> int:
         result = check(
             candidate, args.reference, backend=args.backend, options=dict(args.option),
             dtypes=args.dtypes, max_examples=args.max_examples, skip=args.skip,
-            device=args.device, jit=args.jit,
+            device=args.device, jit=args.jit, standard=args.standard,
+            binary_targets=args.binary_targets, stop_at_first=args.stop_at_first,
         )  # fmt: skip
-    except ValueError as error:
+    except (ValueError, TypeError) as error:
         parser.error(str(error))
     print(result)
     return OK if result.ok else FAILED

@@ -14,6 +14,6 @@ import pytest
 @pytest.fixture
 def loss_oracle():
     """``dualloss.parity.check``: judges a loss function against the float64 spec."""
-    from .check import check
+    from ._check import check
 
     return check

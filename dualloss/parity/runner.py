@@ -97,14 +97,25 @@ class RunResult:
     notes: list[str] = field(default_factory=list)
     config: dict = field(default_factory=dict)
     seconds: float = 0.0
+    # implementations asked for that could not be loaded: the run did not judge them
+    unavailable: list[str] = field(default_factory=list)
+
+    @property
+    def judged(self) -> int:
+        return sum(r.kind in ("ok", "non-finite", "accuracy") for r in self.records)
 
     @property
     def ok(self) -> bool:
+        """Parity holds: something was judged, every implementation asked for was, and no call
+        failed or raised."""
+        if self.unavailable or self.judged == 0:
+            return False
         return not self.failures and not any(r.kind == "error" for r in self.records)
 
     def to_json(self) -> dict:
         return {
             "ok": self.ok,
+            "unavailable": self.unavailable,
             "config": self.config,
             "seconds": self.seconds,
             "notes": self.notes,
@@ -138,7 +149,7 @@ def _jsonable(value):
 # ----------------------------------------------------------------------------------------------
 
 
-def judge_outcome(prep: B.Prepared, outcome: B.Outcome):
+def judge_outcome(prep: B.Prepared, outcome: B.Outcome, standard: str = "ours"):
     return _judge(
         prep.case.loss,
         prep.ref_logits,
@@ -147,25 +158,30 @@ def judge_outcome(prep: B.Prepared, outcome: B.Outcome):
         prep.dtype,
         outcome.value,
         outcome.grad,
+        standard=standard,
     )
 
 
-def evaluate(impl: B.Implementation, prep: B.Prepared, device: Any, compiled: bool):
-    """(kind, judgement or None, outcome)."""
+def evaluate(
+    impl: B.Implementation, prep: B.Prepared, device: Any, compiled: bool, standard: str = "ours"
+):
+    """(kind, judgement or None, outcome); `standard` as ``tolerance.judge``."""
     outcome = B.run_case(impl, prep, device, compiled)
     if outcome.skipped:
         return "skipped", None, outcome
     if outcome.error is not None:
         return "error", None, outcome
     try:
-        judgement = judge_outcome(prep, outcome)
+        judgement = judge_outcome(prep, outcome, standard)
     except Exception as error:  # noqa: BLE001 - e.g. a wrong output shape
         outcome.error = f"could not judge the output: {type(error).__name__}: {error}"
         return "error", None, outcome
     return judgement.kind, judgement, outcome
 
 
-def minimise(impl, prep, device, compiled, kind) -> tuple[B.Prepared, Any, B.Outcome]:
+def minimise(
+    impl, prep, device, compiled, kind, standard: str = "ours"
+) -> tuple[B.Prepared, Any, B.Outcome]:
     """The smallest failing input found among the case's single rows (hot rows first)."""
     case = prep.case
     n = case.logits.shape[0] if case.logits.ndim >= 2 else 1
@@ -175,7 +191,7 @@ def minimise(impl, prep, device, compiled, kind) -> tuple[B.Prepared, Any, B.Out
     fallback = None
     for i in order:
         small = B.prepare(case.rows(i), prep.dtype)
-        got, judgement, outcome = evaluate(impl, small, device, compiled)
+        got, judgement, outcome = evaluate(impl, small, device, compiled, standard)
         if got == kind:
             return small, judgement, outcome
         if got not in ("ok", "skipped") and fallback is None:
@@ -218,36 +234,42 @@ def make_failure(impl, prep, device_label, mode, kind, judgement, outcome) -> Fa
 
 
 class Progress:
-    """A one-line progress bar on stderr (a line per 10% when stderr is not a terminal)."""
+    """A tqdm bar on stderr, advanced by each case's expected cost (so its ETA is honest), as
+    wide as the terminal; silent when stderr is not a terminal or tqdm is not installed."""
 
-    def __init__(self, total: int, enabled: bool = True):
-        self.total = max(total, 1)
-        self.done = 0
-        self.enabled = enabled
-        self.tty = sys.stderr.isatty()
-        self.start = time.monotonic()
-        self.last_decile = -1
-
-    def step(self, label: str, count: int = 1) -> None:
-        self.done += count
-        if not self.enabled:
+    def __init__(self, total: float, enabled: bool = True):
+        self.bar = None
+        if not enabled:
             return
-        fraction = min(self.done / self.total, 1.0)
-        elapsed = time.monotonic() - self.start
-        if self.tty:
-            bar = "#" * int(30 * fraction) + "." * (30 - int(30 * fraction))
-            sys.stderr.write(
-                f"\r[{bar}] {100 * fraction:5.1f}% {self.done}/{self.total} {elapsed:5.0f}s "
-                f"{label[:60]:<60}"
-            )
-            sys.stderr.flush()
-        elif int(10 * fraction) > self.last_decile:
-            self.last_decile = int(10 * fraction)
-            sys.stderr.write(f"parity: {100 * fraction:3.0f}% ({elapsed:.0f}s) {label}\n")
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            return
+        self.bar = tqdm(
+            total=max(total, 1e-9), file=sys.stderr, disable=None, dynamic_ncols=True,
+            bar_format="{desc}{percentage:3.0f}%|{bar}| {elapsed}<{remaining}", leave=False,
+        )  # fmt: skip
+
+    def step(self, label: str, cost: float = 1.0) -> None:
+        if self.bar is not None:
+            self.bar.set_description_str(f"parity {label[:48]} ", refresh=False)
+            self.bar.update(cost)
 
     def close(self) -> None:
-        if self.enabled and self.tty:
-            sys.stderr.write("\n")
+        if self.bar is not None:
+            self.bar.close()
+
+
+def case_cost(case: Case, backend: str, mode: str) -> float:
+    """The expected cost of one judged call, in units of a small torch eager call: the spec's
+    float64 work grows with the input's size; JAX's eager mode compiles every primitive for each
+    new shape, torch.compile compiles for seconds."""
+    cost = 1.0 + case.logits.size / 20_000
+    if backend == "jax":
+        cost *= 6.0 if mode == "eager" else 2.0
+    if mode == "compile":
+        cost *= 40.0
+    return cost
 
 
 def _compiled_subset(cases: list[Case], level: str, dtype: str) -> set[int]:
@@ -301,7 +323,10 @@ def run_matrix(
     plan = []  # (impl, device_label, device, mode)
     for impl in implementations:
         result.notes += impl.notes
-        if impl.fn is None or impl.loss not in losses:
+        if impl.loss not in losses:
+            continue
+        if impl.fn is None:
+            result.unavailable.append(f"{impl.name}.{impl.loss}")
             continue
         try:
             pairs = B.devices_for(impl.backend, devices)
@@ -332,10 +357,12 @@ def run_matrix(
             return range(len(cases))
         return sorted(_compiled_subset(cases, level, dtype))
 
-    total = 0
+    total = 0.0
     for impl, _, _, mode in plan:
         for dtype in dtypes:
-            total += len(subset(cases_by[(impl.loss, dtype)], impl, mode, dtype))
+            cases = cases_by[(impl.loss, dtype)]
+            for i in subset(cases, impl, mode, dtype):
+                total += case_cost(cases[i], impl.backend, mode)
     bar = Progress(total, enabled=progress)
     prepared = {}
     values = {}  # (loss, dtype, case) -> {(impl, device, mode): value}
@@ -350,7 +377,8 @@ def run_matrix(
                 prep = prepared[key]
                 compiled = mode != "eager"
                 kind, judgement, outcome = evaluate(impl, prep, device, compiled)
-                bar.step(f"{impl.name} {impl.loss} {dtype} {label} {mode}")
+                bar.step(f"{impl.name} {impl.loss} {dtype} {mode}",
+                         case_cost(case, impl.backend, mode))  # fmt: skip
                 if kind == "skipped":
                     continue
                 record = Record(

@@ -1,0 +1,630 @@
+"""``check``: the oracle for any loss function: feature probes, adversarial cases, Hypothesis.
+
+    report = check(my_loss, "softmax_focal_loss", backend="torch", options={"gamma": 0.5})
+    assert report.ok, report
+
+`candidate(logits, targets)` takes the backend's layout (torch: class dim 1; JAX: class axis -1)
+and returns the loss reduced as ``options["reduction"]`` (default "mean"); its gradient comes
+from the framework's autodiff. `options` are the spec's keyword arguments that the candidate
+implements (gamma, alpha, weight, label_smoothing, ...), fixed for every input.
+
+Judgement: the "practical" standard of ``tolerance.py`` by default (backward stable and accurate
+at the scale of the whole result; non-finite where the math is finite always fails).
+
+Features (DESIGN.md section 8): before the cases run, one small probe per feature (class-index
+targets, probability targets, ignored labels, all-ignored batches, -inf class masks; soft targets
+for a sigmoid loss) asks whether the candidate implements it. A probe that raises marks the
+feature unsupported: it is listed in the report with its reproducer, and the cases that use it are
+not judged. A probe that returns NaN is judged like any other input: a hazard, never
+"unsupported". A candidate that raises on every probe is not OK: nothing was verified.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import inspect
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .. import losses
+from . import backends as B
+from .cases import DTYPE_MAX, LOSSES, Case, make_cases
+from .runner import Failure, _short, evaluate, make_failure, minimise
+from .tolerance import STANDARDS
+
+# the regions that vary only the inputs (the others are option grids)
+CHECK_REGIONS = (
+    "typical", "confident_correct", "confident_wrong", "near_ties", "huge_shift", "masked",
+    "soft_targets", "masked_soft", "ignored", "all_ignored", "classes", "spatial",
+)  # fmt: skip
+# the margin regions, also run with one-hot and smoothed probability targets (softmax)
+MARGIN_REGIONS = ("confident_correct", "confident_wrong", "huge_shift", "masked")
+
+# what a candidate may or may not implement, as the report names it
+FEATURES = {
+    "index": "class-index targets",
+    "prob": "probability targets",
+    "ignored": "ignored labels (targets equal to ignore_index)",
+    "all_ignored": "all-ignored batches",
+    "masked": "masked classes (-inf logits)",
+    "soft": "soft targets (strictly between 0 and 1)",
+}
+# regions whose `skip` also leaves their feature out of every other region and of Hypothesis
+_SKIPPED_FEATURES = {"ignored": "ignored", "all_ignored": "all_ignored", "masked": "masked"}
+_KIND_ORDER = {"non-finite": 0, "accuracy": 1, "error": 2}
+
+
+@dataclass
+class Hazard:
+    """One distinct problem (kind x region): its smallest reproducer and how often it occurred."""
+
+    failure: Failure
+    region: str
+    count: int = 1
+    dtypes: list[str] = field(default_factory=list)
+
+
+@dataclass(repr=False)
+class CheckReport:
+    """The verdict of ``check``: ``.ok``, ``.failures`` (one per kind x region, real hazards
+    first, then smallest input), ``.unsupported`` (feature -> reproducer) and ``str()``."""
+
+    candidate: str
+    reference: str
+    backend: str
+    options: dict
+    standard: str = "practical"
+    dtypes: list[str] = field(default_factory=list)
+    hazards: list[Hazard] = field(default_factory=list)
+    unsupported: dict[str, str] = field(default_factory=dict)
+    cases_run: int = 0
+    cases_judged: int = 0
+    examples_run: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Failure]:
+        return [h.failure for h in self.hazards]
+
+    @property
+    def ok(self) -> bool:
+        return not self.hazards and self.cases_judged > 0
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def __str__(self) -> str:
+        options = ", ".join(f"{k}={_plain(v)}" for k, v in self.options.items()) or "defaults"
+        if self.ok:
+            verdict = "OK"
+        elif not self.hazards:
+            verdict = "NOT VERIFIED (nothing judged)"
+        else:
+            counts = {}
+            for h in self.hazards:
+                counts[h.failure.kind] = counts.get(h.failure.kind, 0) + 1
+            verdict = (
+                f"FAILS: {len(self.hazards)} distinct problem(s) ("
+                + ", ".join(f"{n} {k}" for k, n in counts.items())
+                + ")"
+            )
+        lines = [
+            f"{self.candidate} vs spec.{self.reference} ({self.backend}; {options}): {verdict}",
+            f"  {self.cases_judged} of {self.cases_run} adversarial cases judged "
+            f"({', '.join(self.dtypes)}), {self.examples_run} Hypothesis examples, "
+            f"{self.standard} standard",
+        ]
+        for i, h in enumerate(self.hazards, 1):
+            lines += _describe(i, h)
+        if self.unsupported:
+            lines.append("Unsupported by the candidate (it raised; those cases were not judged):")
+            for feature, repro in self.unsupported.items():
+                lines.append(f"  - {FEATURES[feature]}: {repro}")
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    __repr__ = __str__
+
+
+def _plain(value) -> str:
+    if isinstance(value, np.ndarray):
+        return _short(value, 60)
+    if isinstance(value, (np.floating, np.integer)):
+        return repr(value.item())
+    return repr(value)
+
+
+def _describe(i: int, hazard: Hazard) -> list[str]:
+    f = hazard.failure
+    more = f"; {hazard.count} cases" if hazard.count > 1 else ""
+    where = "Hypothesis (shrunk)" if hazard.region == "hypothesis" else f"region {hazard.region}"
+    case = "" if hazard.region == "hypothesis" else f": case {f.case}"
+    lines = [f"{i}. [{f.kind}] {where}, {'/'.join(hazard.dtypes)}{more}{case}"]
+    lines += [f"   {p}" for p in f.problems[:2]]
+    lines.append(f"   logits {_short(f.logits, 110)}  targets {_short(f.targets, 60)}")
+    if f.expected_value is not None:
+        lines.append(
+            f"   value: expected {_short(f.expected_value, 60)}, "
+            f"received {_short(f.received_value, 60)}"
+        )
+        if f.expected_grad is not None:
+            lines.append(
+                f"   grad:  expected {_short(f.expected_grad, 70)}, "
+                f"received {_short(f.received_grad, 70)}"
+            )
+    lines.append(f"   reproduce: {f.reproducer}")
+    return lines
+
+
+def _name_of(candidate) -> tuple[str, str, str]:
+    """(display name, import line, call expression) for reproducers."""
+    module = getattr(candidate, "__module__", None)
+    qualname = getattr(candidate, "__qualname__", None) or getattr(candidate, "__name__", None)
+    if module and qualname and "<" not in qualname and module != "__main__":
+        try:
+            obj = importlib.import_module(module)
+            for part in qualname.split("."):
+                obj = getattr(obj, part)
+            if obj is candidate:
+                top = qualname.split(".")[0]
+                return f"{module}.{qualname}", f"from {module} import {top}", qualname
+        except Exception:  # noqa: BLE001 - then the reproducer names it `candidate`
+            pass
+    name = qualname or repr(candidate)
+    return name, "", "candidate"
+
+
+def _implementation(candidate, reference, backend) -> B.Implementation:
+    display, imports, call = _name_of(candidate)
+
+    def fn(x, t, **_):
+        return candidate(x, t)
+
+    return B.Implementation(
+        name=display, backend=backend, loss=reference, fn=fn, kwargs=lambda o, a: {},
+        imports=imports, expr=lambda kw: f"{call}(x, t)",
+    )  # fmt: skip
+
+
+def _fingerprint(case: Case) -> str:
+    h = hashlib.sha1()
+    h.update(np.ascontiguousarray(case.logits).tobytes())
+    h.update(np.ascontiguousarray(case.targets).tobytes())
+    h.update(str(case.logits.shape).encode())
+    h.update(str(case.targets.dtype).encode())
+    return h.hexdigest()
+
+
+# the parts of a generated label that name the generator's options, not the user's
+_OPTION_LABEL = re.compile(r" (?:gamma=[^ \]]+|ignore_index=[^ \]]+|sum|none)(?=$| )")
+
+
+def _probability_variants(case: Case) -> list[Case]:
+    """One-hot and smoothed (7/8 on the target, 1/8 over the other finite classes, in 64ths)
+    probability targets for a margin case with class-index targets."""
+    z, t = case.logits, case.targets
+    c = z.shape[-1]
+    if not case.index_targets or np.any((t < 0) | (t >= c)):
+        return []
+    one_hot = (np.arange(c) == t[..., None]).astype(np.float64)
+    finite = np.isfinite(z) & (one_hot == 0.0)
+    others = finite.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spread = np.where(others > 0, finite / np.maximum(others, 1), 0.0)
+    mass = np.where(others > 0, 1.0 / 8.0, 0.0)
+    smooth = np.round((one_hot * (1.0 - mass) + mass * spread) * 64.0) / 64.0
+    smooth = smooth + one_hot * (1.0 - smooth.sum(axis=-1, keepdims=True))
+    return [
+        replace(case, label=f"{case.label} one-hot", targets=one_hot),
+        replace(case, label=f"{case.label} smoothed", targets=smooth),
+    ]
+
+
+def adversarial_cases(
+    reference: str, dtype: str, options: dict, skip=(), binary: bool = False
+) -> list[Case]:
+    """The input regions of ``cases`` with `options` fixed; duplicates (option variants) dropped.
+
+    The margin regions also come with probability targets (softmax); with `binary`, a sigmoid
+    loss gets its targets rounded to {0, 1}."""
+    info = losses.get(reference)
+    ignore_index = options.get("ignore_index", -100)
+    out, seen = [], set()
+    for case in make_cases(reference, dtype, regions=CHECK_REGIONS, skip=skip):
+        case.label = _OPTION_LABEL.sub("", case.label)
+        if case.index_targets:
+            if case.region == "ignored" and "ignore_index" in case.options:
+                case.targets = np.where(case.targets == case.options["ignore_index"], -100,
+                                        case.targets)  # fmt: skip
+            case.targets = np.where(case.targets == -100, ignore_index, case.targets)
+        if binary and not info.is_softmax:
+            case.targets = (case.targets >= 0.5).astype(np.float64)
+        variants = [case]
+        if info.is_softmax and case.region in MARGIN_REGIONS:
+            variants += _probability_variants(case)
+        for variant in variants:
+            key = _fingerprint(variant)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.append(replace(variant, options=dict(options)))
+    return out
+
+
+def features(case: Case, options: dict) -> frozenset[str]:
+    """The features (keys of ``FEATURES``) that `case` uses."""
+    info = losses.get(case.loss)
+    used = set()
+    if info.is_softmax:
+        if case.index_targets:
+            used.add("index")
+            ignored = case.targets == options.get("ignore_index", -100)
+            if ignored.size and ignored.all():
+                used.add("all_ignored")
+            elif ignored.any():
+                used.add("ignored")
+        else:
+            used.add("prob")
+        if np.any(np.isneginf(case.logits)):
+            used.add("masked")
+    elif np.any((case.targets != 0.0) & (case.targets != 1.0)):
+        used.add("soft")
+    return frozenset(used)
+
+
+def probes(reference: str, options: dict, binary: bool = False) -> dict[str, Case]:
+    """One small input per feature: a plain batch, plus that feature alone (where it can be)."""
+    info = losses.get(reference)
+    rng = np.random.default_rng(20240611)
+    # quarters: exact in every dtype, short in reproducers
+    z = np.round(rng.standard_normal((4, 5)) * 8.0) / 4.0
+
+    def case(name, logits, targets):
+        return Case(reference, "probe", name, np.asarray(logits, float), np.asarray(targets),
+                    dict(options))  # fmt: skip
+
+    if not info.is_softmax:
+        out = {"plain": case("plain", z, (rng.random((4, 5)) < 0.5).astype(float))}
+        if not binary:
+            out["soft"] = case("soft", z, np.resize([0.25, 0.5, 0.75, 0.0, 1.0], (4, 5)))
+        return out
+    ignore_index = options.get("ignore_index", -100)
+    index = np.array([0, 1, 2, 3])
+    prob = np.array([[1, 1, 0, 2, 4], [4, 2, 1, 1, 0], [0, 0, 8, 0, 0], [2, 2, 2, 1, 1]]) / 8.0
+    masked_z = z.copy()
+    masked_z[0, 4] = masked_z[1, [0, 2]] = masked_z[2, [1, 3, 4]] = -np.inf
+    return {
+        "index": case("index", z, index),
+        "prob": case("prob", z, prob),
+        "ignored": case("ignored", z, np.where(index == 1, ignore_index, index)),
+        "all_ignored": case("all_ignored", z, np.full(4, ignore_index)),
+        "masked": case("masked", masked_z, index),
+        "masked_prob": case("masked", np.where(prob == 0.0, -np.inf, z), prob),
+    }
+
+
+def _validate(info, options: dict, skip, dtypes, reference: str) -> list[str]:
+    """Refuses unknown option names (against the spec's signature), bad option values (the
+    spec's own message), unknown regions and dtypes; returns the dtype names."""
+    allowed = [name for name in inspect.signature(info.spec).parameters
+               if name not in ("logits", "targets", "axis")]  # fmt: skip
+    for name in options:
+        if name == "axis":
+            raise ValueError(
+                "`options` must not contain 'axis': the class axis is the backend's. "
+                f"Received: options={options!r}."
+            )
+        if name not in allowed:
+            raise ValueError(
+                f"`options` has {name!r}, which spec.{reference} does not take (it takes "
+                f"{', '.join(allowed)}). Received: options={options!r}."
+            )
+    scalars = {k: v for k, v in options.items() if not isinstance(v, np.ndarray)
+               and not hasattr(v, "shape") and not isinstance(v, (list, tuple))}  # fmt: skip
+    logits, targets = info.sample_inputs()
+    info.spec(logits, targets, **scalars)  # the spec's own one-sentence errors
+    if isinstance(skip, str):
+        skip = (skip,)
+    for region in skip:
+        if region not in CHECK_REGIONS:
+            raise ValueError(
+                f"`skip` entries must be among {', '.join(CHECK_REGIONS)}. Received: {region!r}."
+            )
+    if isinstance(dtypes, str):
+        dtypes = [dtypes]
+    dtypes = list(dtypes or ("float32", "float64"))
+    if not dtypes:
+        raise ValueError("`dtypes` must name at least one dtype. Received: dtypes=[].")
+    for dtype in dtypes:
+        if dtype not in B.DTYPES:
+            raise ValueError(f"`dtypes` entries must be among {', '.join(B.DTYPES)}. "
+                             f"Received: {dtype!r}.")  # fmt: skip
+    return dtypes
+
+
+def check(
+    candidate,
+    reference: str,
+    *,
+    backend: str,
+    options: dict | None = None,
+    dtypes=None,
+    max_examples: int | None = None,
+    skip=(),
+    device: str | None = None,
+    jit: bool = False,
+    stop_at_first: bool = False,
+    standard: str = "practical",
+    binary_targets: bool = False,
+) -> CheckReport:
+    """Judges `candidate` against ``dualloss.spec.<reference>`` with `options`.
+
+    Args:
+      candidate: ``candidate(logits, targets) -> loss``, in the backend's layout, reduced as
+        ``options['reduction']`` (default 'mean'); differentiable by the framework.
+      reference: a spec loss name ('softmax_cross_entropy', 'softmax_focal_loss',
+        'sigmoid_cross_entropy', 'sigmoid_focal_loss').
+      backend: 'torch' or 'jax'.
+      options: the spec keyword arguments the candidate implements (its class axis is the
+        backend's; do not pass `axis`). Unknown names are refused.
+      dtypes: dtype names to try (default: float32 and float64).
+      max_examples: Hypothesis examples per dtype after the adversarial cases (default 50; 0:
+        none).
+      skip: region names to leave out. Rarely needed: a feature the candidate raises on is found
+        and reported as unsupported without it.
+      device: the device to run on (default: the backend's first, e.g. 'cpu').
+      jit: for JAX, wrap the candidate in ``jax.jit``.
+      stop_at_first: stop after the first dtype that fails (faster on broken losses).
+      standard: 'practical' (default: backward stable, accurate at the whole result's scale) or
+        'ours' (the bound dualloss's own backends are held to); see ``tolerance.py``.
+      binary_targets: a sigmoid candidate that takes targets in {0, 1} only.
+
+    Returns:
+      a ``CheckReport``: ``.ok``, ``.failures`` (one per kind x region, each with a minimal input,
+      expected vs received, and one line of Python that reproduces it), ``.unsupported``,
+      readable ``str()``.
+    """
+    if reference not in LOSSES:
+        raise ValueError(f"`reference` must be one of {LOSSES}. Received: reference={reference!r}.")
+    info = losses.get(reference)
+    if backend not in B.BACKENDS:
+        raise ValueError(f"`backend` must be one of {B.BACKENDS}. Received: backend={backend!r}.")
+    if standard not in STANDARDS:
+        raise ValueError(
+            f"`standard` must be 'practical' or 'ours'. Received: standard={standard!r}."
+        )
+    if binary_targets and info.is_softmax:
+        raise ValueError(
+            f"`binary_targets` applies to sigmoid losses only. Received: reference={reference!r}."
+        )
+    options = dict(options or {})
+    dtypes = _validate(info, options, skip, dtypes, reference)
+    skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    max_examples = 50 if max_examples is None else int(max_examples)
+    if max_examples < 0:
+        raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
+    impl = _implementation(candidate, reference, backend)
+    pairs = B.devices_for(backend, [device] if device else None)
+    if not pairs:
+        raise ValueError(f"`device` {device!r} not found for backend {backend!r}.")
+    label, dev = pairs[0]
+    mode = "jit" if (jit and backend == "jax") else "eager"
+    report = CheckReport(impl.name, reference, backend, options, standard, dtypes)
+    hazards: dict[tuple[str, str], Hazard] = {}
+
+    def record(failure: Failure, region: str, dtype: str) -> None:
+        key = (failure.kind, region)
+        hazard = hazards.get(key)
+        if hazard is None:
+            hazards[key] = Hazard(failure, region, 1, [dtype])
+            return
+        hazard.count += 1
+        if dtype not in hazard.dtypes:
+            hazard.dtypes.append(dtype)
+        if np.size(failure.logits) < np.size(hazard.failure.logits):
+            hazard.failure = failure
+
+    for dtype in dtypes:
+        unsupported = _probe(impl, reference, options, binary_targets, dtype, dev, jit, standard,
+                             report)  # fmt: skip
+        if unsupported is None:  # raised on every probe: nothing to judge
+            prep = B.prepare(next(iter(probes(reference, options).values())), dtype)
+            kind, judgement, outcome = evaluate(impl, prep, dev, jit, standard)
+            failure = make_failure(impl, prep, label, mode, "error", judgement, outcome)
+            failure.problems = [f"raised on every input tried: {outcome.error}"]
+            record(failure, "every input", dtype)
+            continue
+        left_out = unsupported | {_SKIPPED_FEATURES[r] for r in skip if r in _SKIPPED_FEATURES}
+        for case in adversarial_cases(reference, dtype, options, skip, binary_targets):
+            report.cases_run += 1
+            if features(case, options) & left_out:
+                continue
+            prep = B.prepare(case, dtype)
+            kind, judgement, outcome = evaluate(impl, prep, dev, jit, standard)
+            if kind == "skipped":
+                continue
+            report.cases_judged += kind != "error"
+            if kind == "ok":
+                continue
+            small, small_j, small_o = minimise(impl, prep, dev, jit, kind, standard)
+            if small_o is None:
+                small, small_j, small_o = prep, judgement, outcome
+            failure = make_failure(impl, small, label, mode, kind, small_j, small_o)
+            record(failure, case.region, dtype)
+        if hazards and stop_at_first:
+            break
+        if max_examples:
+            found, count = _explore(impl, reference, options, dtype, dev, label, mode, jit,
+                                    max_examples, left_out, skip, standard,
+                                    binary_targets)  # fmt: skip
+            report.examples_run += count
+            if found is not None:
+                record(found, "hypothesis", dtype)
+                if stop_at_first:
+                    break
+    report.hazards = sorted(
+        hazards.values(),
+        key=lambda h: (
+            _KIND_ORDER.get(h.failure.kind, 3),
+            h.region == "hypothesis",
+            np.size(h.failure.logits),
+        ),
+    )
+    if report.cases_judged == 0 and not report.hazards:
+        report.notes.append("nothing was judged: every case used a feature the candidate lacks")
+    return report
+
+
+def _probe(impl, reference, options, binary, dtype, device, jit, standard, report):
+    """The features the candidate raises on (recorded in `report.unsupported` with their
+    reproducers), or None when it raises on every probe."""
+    found = probes(reference, options, binary)
+    raised, worked = {}, set()
+    for name, case in found.items():
+        prep = B.prepare(case, dtype)
+        kind, _, outcome = evaluate(impl, prep, device, jit, standard)
+        if kind == "error":
+            raised[name] = (prep, outcome)
+        else:
+            worked.add(name)
+    if not worked:
+        return None
+    unsupported = set()
+    info = losses.get(reference)
+    if info.is_softmax:
+        # the masked probe runs on whichever targets the candidate takes
+        masked_probes = [n for n in ("masked", "masked_prob") if n in found]
+        if not any(n in worked for n in masked_probes):
+            raised.setdefault("masked", raised.get("masked_prob"))
+        else:
+            raised.pop("masked", None)
+        raised.pop("masked_prob", None)
+        for name in ("ignored", "all_ignored"):
+            if "index" in raised:
+                raised.pop(name, None)
+    raised.pop("plain", None)
+    for name, (prep, outcome) in raised.items():
+        unsupported.add(name)
+        if name not in report.unsupported:
+            repro = B.reproducer(impl, prep)
+            report.unsupported[name] = f"{outcome.error}\n      reproduce: {repro}"
+    if info.is_softmax and "index" in unsupported:
+        unsupported |= {"ignored", "all_ignored"}
+    return frozenset(unsupported)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hypothesis exploration
+# ----------------------------------------------------------------------------------------------
+
+
+def _explore(
+    impl,
+    reference,
+    options,
+    dtype,
+    device,
+    label,
+    mode,
+    jit,
+    max_examples,
+    unsupported,
+    skip=(),
+    standard="practical",
+    binary=False,
+):
+    """Hypothesis search for a failing input; returns (shrunk Failure or None, examples run).
+    It draws only the features the candidate supports (`unsupported` from the probes)."""
+    try:
+        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import strategies as st
+    except ImportError:
+        return None, 0
+    big = 0.5 * DTYPE_MAX[dtype]
+    specials = [0.0, 1.0, -1.0, 20.0, -20.0, 90.0, -90.0, 800.0, -800.0]
+    if "huge_shift" not in skip:
+        specials += [1e4, -1e4, big, -big]
+    # the skipped regions' hazards stay out of the exploration too
+    mask_index = "masked" not in skip and "masked" not in unsupported
+    mask_prob = "masked_soft" not in skip and "masked" not in unsupported
+    element = st.one_of(st.floats(-30.0, 30.0, width=32), st.sampled_from(specials))
+    softmax = losses.get(reference).is_softmax
+    kinds = [k for k in ("index", "prob") if k not in unsupported] if softmax else ["prob"]
+    if not kinds:
+        return None, 0
+    ignore_index = options.get("ignore_index", -100)
+    allow_ignore = "ignored" not in skip and "ignored" not in unsupported
+    sigmoid_targets = [0.0, 1.0] if binary or "soft" in unsupported else [0.0, 1.0, 0.5, 0.25]
+
+    @st.composite
+    def inputs(draw):
+        n = draw(st.integers(1, 3))
+        c = draw(st.integers(1, 6)) if softmax else draw(st.integers(1, 4))
+        values = draw(st.lists(element, min_size=n * c, max_size=n * c))
+        z = np.clip(np.array(values, dtype=np.float64).reshape(n, c), -big, big)
+        if not softmax:
+            t = np.array(draw(st.lists(st.sampled_from(sigmoid_targets),
+                                       min_size=n * c, max_size=n * c))).reshape(n, c)  # fmt: skip
+            return z, t
+        masked = np.array(draw(st.lists(st.booleans(), min_size=n * c, max_size=n * c)))
+        if draw(st.sampled_from(kinds)) == "index":
+            t = np.array(draw(st.lists(st.integers(0, c - 1), min_size=n, max_size=n)))
+            keep_finite = np.arange(c) == t[:, None]
+            z = np.where(masked.reshape(n, c) & ~keep_finite & mask_index, -np.inf, z)
+            if allow_ignore and n > 1 and draw(st.booleans()):
+                t[0] = ignore_index
+            return z, t.astype(np.int64)
+        t = draw(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), min_size=n * c,
+                          max_size=n * c))  # fmt: skip
+        t = np.array(t).reshape(n, c)
+        t[:, 0] += np.maximum(1.0 - t.sum(-1), 0.0)
+        t = t / t.sum(-1, keepdims=True)
+        t = np.round(t * 64) / 64
+        t[:, 0] += 1.0 - t.sum(-1)
+        z = np.where(masked.reshape(n, c) & (t == 0.0) & mask_prob, -np.inf, z)
+        return z, t
+
+    state = {"count": 0, "last": None}
+
+    @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
+              report_multiple_bugs=False)  # fmt: skip
+    @given(inputs())
+    def search(data):
+        z, t = data
+        state["count"] += 1
+        case = Case(reference, "hypothesis", "example", z, t, dict(options))
+        prep = B.prepare(case, dtype)
+        kind, judgement, outcome = evaluate(impl, prep, device, jit, standard)
+        if kind in ("ok", "skipped"):
+            return
+        state["last"] = (prep, kind, judgement, outcome)
+        raise AssertionError(kind)
+
+    try:
+        search()
+    except AssertionError:
+        pass
+    except Exception:  # noqa: BLE001 - Hypothesis internals; report, do not crash
+        return None, state["count"]
+    if state["last"] is None:
+        return None, state["count"]
+    prep, kind, judgement, outcome = state["last"]
+    failure = make_failure(impl, prep, label, mode, kind, judgement, outcome)
+    failure.case = "hypothesis (shrunk)"
+    return failure, state["count"]
+
+
+def resolve(spec: str) -> Any:
+    """'package.module:function' -> the function."""
+    if ":" not in spec:
+        raise ValueError(f"`candidate` must be written MODULE:FUNCTION. Received: {spec!r}.")
+    module_name, _, attr = spec.partition(":")
+    obj = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj

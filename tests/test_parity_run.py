@@ -1,0 +1,70 @@
+"""The parity run's verdict and summary: a run that judged nothing, or could not load an
+implementation it was asked for, does not hold; the table leads with err/tol."""
+
+from __future__ import annotations
+
+import pytest
+
+from dualloss.parity import backends as B
+from dualloss.parity import report, runner
+from dualloss.parity.cases import make_cases
+
+pytest.importorskip("torch")
+
+
+def _unavailable(loss="sigmoid_cross_entropy"):
+    """What ``backends.ours`` returns when torch_impl cannot be imported."""
+    return B.Implementation(
+        "torch_impl", "torch", loss, None, lambda o, a: None, "", lambda kw: "",
+        notes=[f"dualloss.torch_impl.{loss} unavailable: ImportError: broken"],
+    )  # fmt: skip
+
+
+def test_unloadable_implementation_is_not_parity():
+    result = runner.run_matrix([_unavailable()], dtypes=["float32"], regions=["typical"],
+                               progress=False)  # fmt: skip
+    assert result.judged == 0 and not result.ok
+    assert result.unavailable == ["torch_impl.sigmoid_cross_entropy"]
+    text = report.terminal_summary(result)
+    assert "PARITY NOT VERIFIED" in text and "PARITY HOLDS" not in text
+    assert "NOT JUDGED: torch_impl.sigmoid_cross_entropy" in text
+
+
+def test_unloadable_next_to_a_sound_one_is_not_parity():
+    sound = B.ours("torch", "sigmoid_cross_entropy")
+    result = runner.run_matrix([sound, _unavailable()], dtypes=["float32"],
+                               regions=["typical"], progress=False)  # fmt: skip
+    assert result.judged > 0 and not result.failures
+    assert not result.ok
+
+
+def test_empty_run_is_not_parity():
+    result = runner.run_matrix([], dtypes=["float32"], progress=False)
+    assert not result.ok
+    assert "PARITY NOT VERIFIED: 0 judged calls" in report.terminal_summary(result)
+
+
+def test_summary_leads_with_err_over_tol_and_drops_raw_ulps():
+    sound = B.ours("torch", "sigmoid_cross_entropy")
+    result = runner.run_matrix([sound], dtypes=["float32"], regions=["typical"], progress=False)
+    text = report.terminal_summary(result)
+    header = next(line for line in text.splitlines() if line.startswith("loss"))
+    assert header.split()[5:7] == ["worst", "err/tol"], header
+    assert "ULP" not in header
+    assert "PARITY HOLDS" in text
+
+
+def test_progress_is_quiet_when_not_a_terminal(capsys):
+    bar = runner.Progress(10.0)
+    bar.step("label", 4.0)
+    bar.close()
+    assert capsys.readouterr().err == ""
+
+
+def test_case_cost_weights_expensive_modes():
+    case = make_cases("softmax_cross_entropy", "float32", regions=["typical"])[0]
+    big = make_cases("softmax_cross_entropy", "float32", regions=["classes"])[-1]
+    assert runner.case_cost(big, "torch", "eager") > 2 * runner.case_cost(case, "torch", "eager")
+    assert runner.case_cost(case, "jax", "eager") > runner.case_cost(case, "jax", "jit")
+    eager = runner.case_cost(case, "torch", "eager")
+    assert runner.case_cost(case, "torch", "compile") > 10 * eager
