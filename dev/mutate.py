@@ -1,0 +1,201 @@
+"""Mutation check: plant plausible bugs in the backends, one at a time, and see which tests fail.
+
+    python dev/mutate.py                 # every mutation, the conformance suite in every dtype
+    python dev/mutate.py --list          # the mutations
+    python dev/mutate.py --only 3,5      # some of them
+    python dev/mutate.py --markdown docs/mutation.md   # write the results table there
+
+Each mutation replaces one exact snippet of ``dualloss/<module>.py`` (it must occur exactly once,
+else the mutation is reported as stale) in a copy of the repository, then runs the conformance
+tests of that backend and loss (``tests/test_conformance.py``, the parity machinery against the
+spec) once per dtype, plus the backend's own test file. A mutation is *caught* in a dtype when a
+test of that dtype fails. A mutation that no test catches in some dtype is a hole in the suite.
+The copy is run with ``python -m pytest`` from its own directory, so it imports the mutated
+package, never the installed one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Mutation:
+    module: str  # torch_impl or jax_impl
+    loss: str  # the conformance tests to run (a registry name)
+    what: str
+    old: str
+    new: str
+    # extra pytest -k expression for the backend's own tests (None: conformance only)
+    own_tests: str | None = None
+
+
+MUTATIONS = (
+    Mutation(
+        "torch_impl", "softmax_focal_loss", "focal backward drops the gamma * phi term",
+        "        v = a_y * focal_weight * (1.0 - gamma * phi)\n",
+        "        v = a_y * focal_weight\n",
+    ),
+    Mutation(
+        "jax_impl", "softmax_focal_loss", "focal gradient drops the gamma * phi term",
+        "        v = a_y * focal_weight * (1.0 - gamma * phi)\n",
+        "        v = a_y * focal_weight\n",
+    ),
+    Mutation(
+        "jax_impl", "softmax_cross_entropy", "label smoothing spread as eps / (C - 1)",
+        "        uniform = jnp.where(valid, 1.0 / jnp.maximum(num_valid, 1), 0.0)\n",
+        "        uniform = jnp.where(valid, 1.0 / jnp.maximum(num_valid - 1, 1), 0.0)\n",
+    ),
+    Mutation(
+        "torch_impl", "softmax_cross_entropy", "label smoothing spread as eps / (C - 1)",
+        "            uniform = 1.0 / num_classes\n",
+        "            uniform = 1.0 / (num_classes - 1)\n",
+    ),
+    Mutation(
+        "torch_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
+        "        log1p_s = torch.log1p(s) + 0.0 * z_top\n        tiny",
+        "        log1p_s = torch.log(1.0 + s) + 0.0 * z_top\n        tiny",
+    ),
+    Mutation(
+        "jax_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
+        "    log1p_s = jnp.log1p(s)\n",
+        "    log1p_s = jnp.log(1.0 + s)\n",
+    ),
+    Mutation(
+        "jax_impl", "softmax_cross_entropy", "the shift z_top without stop_gradient",
+        "    z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))\n",
+        "    z_top = jnp.max(z, axis=-1, keepdims=True)\n",
+    ),
+    Mutation(
+        "jax_impl", "softmax_focal_loss", "focal mean over every row, ignored ones included",
+        "        denominator = jnp.sum(keep)\n",
+        "        denominator = keep.size\n",
+    ),
+    Mutation(
+        "torch_impl", "softmax_focal_loss", "focal mean over every row, ignored ones included",
+        "        denominator = keep.sum()\n",
+        "        denominator = keep.numel()\n",
+    ),
+    Mutation(
+        "jax_impl", "sigmoid_focal_loss", "alpha_t with alpha and 1 - alpha swapped",
+        "        alpha_t = alpha * t + (1.0 - alpha) * (1.0 - t)\n    # r = p",
+        "        alpha_t = (1.0 - alpha) * t + alpha * (1.0 - t)\n    # r = p",
+    ),
+    Mutation(
+        "torch_impl", "sigmoid_cross_entropy", "pos_weight applied to the negative term",
+        "        grad = _addcmul(grad, q * t, not_p, -1.0, inplace)\n",
+        "        grad = _addcmul(grad, q * (1.0 - t), not_p, -1.0, inplace)\n",
+    ),
+)  # fmt: skip
+
+
+def _copy(destination: Path) -> None:
+    for name in ("dualloss", "tests", "pyproject.toml"):
+        source = ROOT / name
+        if source.is_dir():
+            shutil.copytree(
+                source, destination / name, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        else:
+            shutil.copy(source, destination / name)
+
+
+def _pytest(directory: Path, *args: str) -> tuple[bool, str]:
+    """(passed, tail of the output) of python -m pytest in `directory`."""
+    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args]
+    env = dict(os.environ, DUALLOSS_CONFORMANCE_DTYPES="all")
+    out = subprocess.run(command, cwd=directory, capture_output=True, text=True, env=env)
+    return out.returncode == 0, (out.stdout + out.stderr).strip().splitlines()[-1:]
+
+
+def run(mutation: Mutation, log) -> dict:
+    backend = "torch" if mutation.module == "torch_impl" else "jax"
+    with tempfile.TemporaryDirectory(prefix="dualloss-mutant-") as tmp:
+        tmp = Path(tmp)
+        _copy(tmp)
+        path = tmp / "dualloss" / f"{mutation.module}.py"
+        text = path.read_text()
+        if text.count(mutation.old) != 1:
+            return {"stale": True}
+        path.write_text(text.replace(mutation.old, mutation.new))
+        caught = {}
+        for dtype in DTYPES:
+            test = (
+                "tests/test_conformance.py::test_backend_matches_spec_on_every_adversarial_case"
+                f"[{backend}-{mutation.loss}-{dtype}]"
+            )
+            passed, tail = _pytest(tmp, test)
+            caught[dtype] = not passed
+            log(f"    {dtype}: {'caught' if not passed else 'MISSED'} {' '.join(tail)[:100]}")
+        if mutation.own_tests is not None:
+            own = "tests/test_torch_impl.py" if backend == "torch" else "tests/test_jax_impl.py"
+            passed, _ = _pytest(tmp, own, "-k", mutation.own_tests)
+            caught["own tests"] = not passed
+        return {"stale": False, "caught": caught}
+
+
+def markdown(results: list[tuple[Mutation, dict]]) -> str:
+    lines = [
+        "| # | backend | loss | mutation | " + " | ".join(DTYPES) + " |",
+        "|---|---|---|---|" + "---|" * len(DTYPES),
+    ]
+    for i, (m, r) in enumerate(results):
+        cells = (
+            ["stale"] * len(DTYPES)
+            if r["stale"]
+            else ["caught" if r["caught"][d] else "**missed**" for d in DTYPES]
+        )
+        lines.append(f"| {i} | {m.module} | {m.loss} | {m.what} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="print the mutations and stop")
+    parser.add_argument("--only", default=None, help="comma-separated mutation numbers")
+    parser.add_argument("--markdown", default=None, help="write the results table to this file")
+    args = parser.parse_args(argv)
+    chosen = list(enumerate(MUTATIONS))
+    if args.only:
+        wanted = {int(i) for i in args.only.split(",")}
+        unknown = wanted - set(range(len(MUTATIONS)))
+        if unknown:
+            parser.error(
+                f"--only must name mutations 0..{len(MUTATIONS) - 1}. Received: {unknown}."
+            )
+        chosen = [(i, m) for i, m in chosen if i in wanted]
+    if args.list:
+        for i, m in chosen:
+            print(f"{i}: {m.module} {m.loss}: {m.what}")
+        return 0
+    results = []
+    started = time.monotonic()
+    for i, m in chosen:
+        print(f"[{i}] {m.module} {m.loss}: {m.what}", flush=True)
+        results.append((m, run(m, lambda text: print(text, flush=True))))
+    table = markdown(results)
+    print(table)
+    print(f"{time.monotonic() - started:.0f} s")
+    if args.markdown:
+        Path(args.markdown).write_text(
+            "# Mutation check\n\nGenerated by `python dev/mutate.py --markdown docs/mutation.md`: "
+            "each row plants one bug in a backend and runs the conformance suite of that backend "
+            "and loss in each dtype (see the script's docstring).\n\n" + table + "\n"
+        )
+    holes = [m for m, r in results if r["stale"] or not all(r["caught"].values())]
+    return 1 if holes else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
