@@ -7,7 +7,10 @@ and the framework.
 
 from __future__ import annotations
 
+import argparse
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -159,3 +162,56 @@ def oracle_line(verdict: OracleVerdict) -> str:
         f"oracle, {verdict.framework} {verdict.loss}: FLAGGED before training "
         f"({verdict.seconds:.1f} s); reproduce with:\n    {verdict.reproducer}"
     )
+
+
+# the hand-written losses have no ignore_index: the oracle leaves those regions out
+NOT_IMPLEMENTED = ("ignored", "all_ignored")
+
+
+def oracle(backend: str, loss_fns: dict, full: bool = False, **check_kwargs) -> list[OracleVerdict]:
+    """``dualloss.parity.check`` on the two hand-written losses of `backend`, before training.
+
+    Quick by default (float32, adversarial cases only); ``full=True`` adds float64 and the
+    Hypothesis search. `check_kwargs` go to ``check`` as they are (e.g. ``jit=True``).
+    """
+    from dualloss.parity import check
+
+    kwargs = dict(check_kwargs)
+    if not full:
+        kwargs.update(dtypes=["float32"], max_examples=0)
+    verdicts = []
+    for loss, gamma in (("classic", 2.0), ("textbook", 0.5)):
+        start = time.perf_counter()
+        report = check(
+            loss_fns[loss],
+            "softmax_focal_loss",
+            skip=NOT_IMPLEMENTED,
+            backend=backend,
+            options={"gamma": gamma},
+            **kwargs,
+        )
+        reproducer = first_reproducer(report)
+        seconds = time.perf_counter() - start
+        verdicts.append(OracleVerdict(backend, loss, report.ok, reproducer, seconds))
+    return verdicts
+
+
+def main(
+    description: str,
+    train_all: Callable[[int, list[str]], list[Run]],
+    oracle: Callable[..., list[OracleVerdict]],
+    argv=None,
+) -> list[Run]:
+    """The command line of one framework's script: train, print the runs, the oracle, the table."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES))
+    parser.add_argument("--full-oracle", action="store_true", help="float64 and Hypothesis too")
+    args = parser.parse_args(argv)
+    runs = train_all(args.steps, args.dtypes)
+    for run in runs:
+        print(summary_line(run))
+    for verdict in oracle(full=args.full_oracle):
+        print(oracle_line(verdict))
+    print(table(runs))
+    return runs

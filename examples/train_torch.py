@@ -11,7 +11,6 @@ itself). Then ``dualloss.parity.check`` judges (a) and (b) as it would have befo
 
 from __future__ import annotations
 
-import argparse
 import functools
 import time
 
@@ -20,7 +19,6 @@ import torch
 from torch import nn
 
 from dualloss import torch_impl
-from dualloss.parity import check
 
 from . import common, naive_torch
 from .common import Run
@@ -109,47 +107,13 @@ def train_all(
     return runs
 
 
-# the hand-written losses have no ignore_index: the oracle leaves those regions out
-NOT_IMPLEMENTED = ("ignored", "all_ignored")
-
-
 def oracle(full: bool = False) -> list[common.OracleVerdict]:
-    """``dualloss.parity.check`` on the two hand-written losses, before any training.
-
-    Quick by default (float32, adversarial cases only); ``full=True`` adds float64 and the
-    Hypothesis search.
-    """
-    kwargs = {} if full else {"dtypes": ["float32"], "max_examples": 0}
-    verdicts = []
-    for loss, gamma in (("classic", 2.0), ("textbook", 0.5)):
-        start = time.perf_counter()
-        report = check(
-            LOSS_FNS[loss],
-            "softmax_focal_loss",
-            skip=NOT_IMPLEMENTED,
-            backend="torch",
-            options={"gamma": gamma},
-            **kwargs,
-        )
-        reproducer = common.first_reproducer(report)
-        seconds = time.perf_counter() - start
-        verdicts.append(common.OracleVerdict("torch", loss, report.ok, reproducer, seconds))
-    return verdicts
+    """``common.oracle`` on this script's hand-written losses."""
+    return common.oracle("torch", LOSS_FNS, full)
 
 
 def main(argv=None) -> list[Run]:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=common.STEPS)
-    parser.add_argument("--dtypes", nargs="+", default=list(common.DTYPES))
-    parser.add_argument("--full-oracle", action="store_true", help="float64 and Hypothesis too")
-    args = parser.parse_args(argv)
-    runs = train_all(args.steps, args.dtypes)
-    for run in runs:
-        print(common.summary_line(run))
-    for verdict in oracle(full=args.full_oracle):
-        print(common.oracle_line(verdict))
-    print(common.table(runs))
-    return runs
+    return common.main(__doc__.splitlines()[0], train_all, oracle, argv)
 
 
 if __name__ == "__main__":
