@@ -154,6 +154,29 @@ def class_mask(
     broadcastable(name="where", shape=shape, logits_shape=logits_shape)
 
 
+def where_mask(
+    shape: Sequence[int], is_bool: bool, dtype: object, logits_shape: Sequence[int], axis: int
+) -> bool:
+    """`where` of the softmax losses (optax semantics): False for a class mask (it broadcasts to
+    the logits shape), True for a per-element mask of the batch shape (the logits shape without
+    the class axis `axis`, >= 0: the caller inserts the class axis there); anything else raises
+    the ``class_mask`` error."""
+    try:
+        class_mask(shape, is_bool, dtype, logits_shape)
+        return False
+    except ValueError:
+        shape = _shape(shape)
+        logits_shape = _shape(logits_shape)
+        batch_shape = logits_shape[:axis] + logits_shape[axis + 1 :]
+        try:
+            per_element = np.broadcast_shapes(shape, batch_shape) == batch_shape
+        except ValueError:
+            per_element = False
+        if len(shape) != len(batch_shape) or not per_element:
+            raise
+        return True
+
+
 def broadcastable(name: str, shape: Sequence[int], logits_shape: Sequence[int]) -> None:
     shape = _shape(shape)
     logits_shape = _shape(logits_shape)

@@ -101,18 +101,9 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         _checks.unit_interval_values("alpha", np.atleast_1d(alpha))
     if where is not None:
         where = _as_array(where)
-        try:
-            _checks.class_mask(where.shape, where.dtype == np.bool_, where.dtype, logits.shape)
-        except ValueError:
-            # not a class mask: a mask of the batch shape (the logits shape without `axis`,
-            # optax's [batch]) masks whole elements; the class axis is inserted at `axis`
-            batch_shape = logits.shape[:axis] + logits.shape[axis + 1 :]
-            try:
-                per_element = np.broadcast_shapes(where.shape, batch_shape) == batch_shape
-            except ValueError:
-                per_element = False
-            if where.ndim != len(batch_shape) or not per_element:
-                raise
+        # a class mask, or (optax's [batch]) a per-element mask: the class axis inserted
+        is_bool = where.dtype == np.bool_
+        if _checks.where_mask(where.shape, is_bool, where.dtype, logits.shape, axis):
             where = np.expand_dims(where, axis)
 
     z = np.moveaxis(logits.astype(np.float64), axis, -1)

@@ -214,20 +214,8 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     if where is not None:
         where = _as_array("where", where, logits.device)
         is_bool = where.dtype == torch.bool
-        try:
-            _checks.class_mask(where.shape, is_bool, _dtype_name(where.dtype), logits.shape)
-        except ValueError:
-            # not a class mask: a mask of the batch shape (the logits shape without `axis`,
-            # optax's [batch]) masks whole elements; the class axis is inserted at `axis`
-            batch_shape = logits.shape[:axis] + logits.shape[axis + 1 :]
-            if where.ndim != len(batch_shape):
-                raise
-            try:
-                per_element = torch.broadcast_shapes(where.shape, batch_shape) == batch_shape
-            except RuntimeError:
-                per_element = False
-            if not per_element:
-                raise
+        # a class mask, or (optax's [batch]) a per-element mask: the class axis inserted
+        if _checks.where_mask(where.shape, is_bool, _dtype_name(where.dtype), logits.shape, axis):
             where = where.unsqueeze(axis)
 
     vector = weight if weight is not None else alpha
