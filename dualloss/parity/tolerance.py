@@ -170,12 +170,11 @@ def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 
 
-def _softmax_scales(info, logits, targets, options, practical=False):
+def _softmax_scales(info, elements, options, practical=False):
     """Per-element value scale (logits shape less the class axis), grad scale (logits shape);
     `practical`: the shifted logits also carry the inputs' own rounding, u (|z_c| + |z_top|)."""
     gamma = info.gamma(options)
     with np.errstate(all="ignore"):
-        elements = info.intermediates(logits, targets, **options)
         terms = elements.terms
         z = elements.z
         a = np.abs(elements.a)
@@ -208,12 +207,11 @@ def _softmax_scales(info, logits, targets, options, practical=False):
     return value_scale, np.moveaxis(grad_scale, -1, elements.axis)
 
 
-def _sigmoid_scales(info, logits, targets, options, practical=False):
+def _sigmoid_scales(info, elements, options, practical=False):
     """Per-element value and grad scales (logits shape) of a sigmoid loss; `practical`: the
     gradient also moves by the inputs' own rounding u |x| (times (1 + |x|))."""
     gamma = info.gamma(options)
     with np.errstate(all="ignore"):
-        elements = info.intermediates(logits, targets, **options)
         x, t = elements.x, elements.t
         if elements.focal is None:
             mass = np.abs(elements.w) * (np.abs(1.0 - t) + np.abs(elements.q) * np.abs(t))
@@ -349,16 +347,17 @@ def judge(
     expected_grad = None if grad is None else np.asarray(info.grad(logits, targets, **options))
     element_options = dict(options, reduction="none")
     elements = np.asarray(info.spec(logits, targets, **element_options))
-    value_scale, grad_scale = _SCALES[info.family](
-        info, logits, targets, element_options, practical
-    )
+    # the spec's per-element intermediates, computed once for every term of the error model
+    with np.errstate(all="ignore"):
+        intermediates = info.intermediates(logits, targets, **element_options)
+    value_scale, grad_scale = _SCALES[info.family](info, intermediates, element_options, practical)
     underflow = K * SMALLEST_NORMAL[dtype] * _underflow_multiplier(info, options)
     with np.errstate(all="ignore"):
         if reduction == "none":
             value_tolerance = K * u * (np.abs(elements) + value_scale) + underflow
             divisor = 1.0
         else:
-            divisor = _mean_divisor(info, logits, targets, options) if reduction == "mean" else 1.0
+            divisor = _mean_divisor(intermediates) if reduction == "mean" else 1.0
             n = max(elements.size, 1)
             summation = 1.0 + math.ceil(math.log2(n))
             value_tolerance = np.asarray(
@@ -371,7 +370,7 @@ def judge(
             grad_tolerance = K * u * (np.abs(expected_grad) + grad_scale / divisor) + underflow
         if practical and info.is_softmax and info.gamma(options) > 0.0:
             value_focal, grad_focal = _textbook_focal_allowance(
-                info, logits, targets, element_options, u
+                info, intermediates, element_options, u
             )
             if reduction == "none":
                 value_tolerance = value_tolerance + K * value_focal
@@ -386,7 +385,7 @@ def judge(
             value_tolerance = value_tolerance + K * u * _largest(expected_value)
             if grad is not None:
                 grad_tolerance = grad_tolerance + K * u * _largest(expected_grad)
-    if practical and reduction == "mean" and _mean_is_empty(info, logits, targets, options):
+    if practical and reduction == "mean" and _mean_is_empty(intermediates):
         # 0 / 0: torch's NaN is as good as dualloss's 0 (module docstring)
         value = np.where(np.isnan(np.asarray(value, dtype=np.float64)), expected_value, value)
     nonfinite: list[str] = []
@@ -417,12 +416,11 @@ def judge(
     )
 
 
-def _textbook_focal_allowance(info, logits, targets, options, u):
+def _textbook_focal_allowance(info, elements, options, u):
     """The change of a softmax focal loss (per element) and of its gradient (logits shape) when
     q = 1 - p_c carries an absolute error u p_c (module docstring), in float64."""
     gamma = info.gamma(options)
     with np.errstate(all="ignore"):
-        elements = info.intermediates(logits, targets, **options)
         terms = elements.terms
         a = np.abs(elements.a)
         p = terms.p
@@ -477,18 +475,15 @@ def _underflow_multiplier(info, options: dict) -> float:
     return (1.0 + info.gamma(options)) * largest
 
 
-def _mean_is_empty(info, logits, targets, options) -> bool:
+def _mean_is_empty(elements) -> bool:
     """True when reduction 'mean' divides by zero (every element ignored, or none at all)."""
-    with np.errstate(all="ignore"):
-        return info.intermediates(logits, targets, **options).denominator == 0.0
+    return elements.denominator == 0.0
 
 
-def _mean_divisor(info, logits, targets, options) -> float:
+def _mean_divisor(elements) -> float:
     """The denominator of reduction 'mean' (torch semantics, DESIGN.md section 6), as the spec
     computes it; 1 when it is 0 (the mean is then 0)."""
-    with np.errstate(all="ignore"):
-        denominator = info.intermediates(logits, targets, **options).denominator
-    return denominator if denominator != 0.0 else 1.0
+    return elements.denominator if elements.denominator != 0.0 else 1.0
 
 
 def assert_matches_spec(
