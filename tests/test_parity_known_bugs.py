@@ -123,7 +123,7 @@ def test_jax_where_log_is_flagged():
 def test_all_ignored_mean_nan_of_cross_entropy_is_flagged_by_our_standard():
     # the practical standard accepts torch's NaN for 0 / 0 (test_parity_check.py); ours does not
     report = check(F.cross_entropy, "softmax_cross_entropy", backend="torch",
-                   dtypes=["float32"], max_examples=0, standard="ours")  # fmt: skip
+                   dtypes=["float32"], max_examples=0, standard="strict")  # fmt: skip
     cases = {f.case.split("[")[0] for f in report.failures}
     assert "all_ignored/mean" in cases
     assert any(c.startswith("masked_soft/") for c in cases), cases  # 0 * -inf with prob targets
@@ -175,14 +175,16 @@ def test_optax_integer_labels_passes_outside_large_logits():
     assert report.ok, str(report)
 
 
-def test_optax_integer_labels_huge_shift_absorption_is_flagged():
+def test_optax_integer_labels_huge_shift_absorption_is_within_the_input_spread():
+    # lse(z) - z_y at a shift of 1.7e38 returns 0 for log 5: what moving the inputs by one ULP
+    # (2e31) already implies, so even the strict standard lets it through in float32
     fn = lambda x, t: optax.softmax_cross_entropy_with_integer_labels(x, t).mean()  # noqa: E731
-    # our standard: the practical one forgives it (test_parity_check.py)
-    report = check(fn, "softmax_cross_entropy", backend="jax", dtypes=["float16"],
-                   skip=("ignored", "all_ignored"), max_examples=0, standard="ours")  # fmt: skip
-    assert [f.case for f in report.failures] and all(
-        f.case.startswith("huge_shift") and f.kind == "accuracy" for f in report.failures
-    ), report
+    report = check(fn, "softmax_cross_entropy", backend="jax", dtypes=["float32"],
+                   skip=("ignored", "all_ignored"), max_examples=0, standard="strict")  # fmt: skip
+    assert not [f for f in report.failures if f.case.startswith("huge_shift")], report
+    # what strict does flag: the confident rows' tiny losses, which optax rounds to 0
+    assert {f.kind for f in report.failures} == {"accuracy"}, report
+    assert any(f.case.startswith("confident_correct") for f in report.failures), report
 
 
 @pytest.mark.slow

@@ -157,9 +157,9 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--jit", action="store_true", help="JAX: wrap the candidate in jax.jit")
     check.add_argument(
         "--standard",
-        choices=["practical", "ours"],
+        choices=["practical", "strict"],
         default="practical",
-        help="the tolerance (default practical; ours: dualloss's own)",
+        help="the tolerance (default practical; strict: the one dualloss's own backends meet)",
     )
     check.add_argument(
         "--binary-targets",

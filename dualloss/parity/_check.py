@@ -380,7 +380,7 @@ def check(
       jit: for JAX, wrap the candidate in ``jax.jit``.
       stop_at_first: stop after the first dtype that fails (faster on broken losses).
       standard: 'practical' (default: backward stable, accurate at the whole result's scale) or
-        'ours' (the bound dualloss's own backends are held to); see ``tolerance.py``.
+        'strict' (the standard dualloss's own backends are held to); see ``tolerance.py``.
       binary_targets: a sigmoid candidate that takes targets in {0, 1} only.
 
     Returns:
@@ -395,7 +395,7 @@ def check(
         raise ValueError(f"`backend` must be one of {B.BACKENDS}. Received: backend={backend!r}.")
     if standard not in STANDARDS:
         raise ValueError(
-            f"`standard` must be 'practical' or 'ours'. Received: standard={standard!r}."
+            f"`standard` must be 'practical' or 'strict'. Received: standard={standard!r}."
         )
     if binary_targets and info.is_softmax:
         raise ValueError(

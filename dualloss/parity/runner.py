@@ -149,7 +149,7 @@ def _jsonable(value):
 # ----------------------------------------------------------------------------------------------
 
 
-def judge_outcome(prep: B.Prepared, outcome: B.Outcome, standard: str = "ours"):
+def judge_outcome(prep: B.Prepared, outcome: B.Outcome, standard: str = "strict"):
     return _judge(
         prep.case.loss,
         prep.ref_logits,
@@ -163,7 +163,7 @@ def judge_outcome(prep: B.Prepared, outcome: B.Outcome, standard: str = "ours"):
 
 
 def evaluate(
-    impl: B.Implementation, prep: B.Prepared, device: Any, compiled: bool, standard: str = "ours"
+    impl: B.Implementation, prep: B.Prepared, device: Any, compiled: bool, standard: str = "strict"
 ):
     """(kind, judgement or None, outcome); `standard` as ``tolerance.judge``."""
     outcome = B.run_case(impl, prep, device, compiled)
@@ -180,7 +180,7 @@ def evaluate(
 
 
 def minimise(
-    impl, prep, device, compiled, kind, standard: str = "ours"
+    impl, prep, device, compiled, kind, standard: str = "strict"
 ) -> tuple[B.Prepared, Any, B.Outcome]:
     """The smallest failing input found among the case's single rows (hot rows first)."""
     case = prep.case

@@ -1,12 +1,64 @@
-"""Judging a candidate's value and gradient against the float64 spec, with one derived tolerance.
+"""Judging a candidate's value and gradient against the float64 spec: two derived standards.
 
 The candidate saw inputs in its own dtype; the reference is ``dualloss.spec`` in float64 evaluated
-on exactly those inputs (already rounded), so input rounding needs no allowance. What remains is
-the error of the candidate's arithmetic in its working precision, with unit roundoff u:
+on exactly those inputs (already rounded). What remains is the error of the candidate's arithmetic
+in its working precision, with unit roundoff u:
 
     u = 2**-53 (float64), 2**-24 (float32), 2**-11 (float16), 2**-8 (bfloat16).
 
-The bound is a first-order forward error bound of the textbook, log-space algorithm, written as
+Two standards (DESIGN.md section 8), chosen by ``judge(..., standard=...)``:
+
+Strict (``"strict"``: dualloss's own backends, the parity suite and the tests)
+------------------------------------------------------------------------------
+
+Every value and every gradient entry is within a few ULPs of its own magnitude, beyond the spread
+that moving the inputs by one ULP causes. Per entry r (the spec's value or gradient entry):
+
+    tolerance = STRICT_ULPS ulp(r) + spread + STRICT_FORGIVEN * TINY * (1 + g) * max|weights|
+
+* ``STRICT_ULPS`` = 8: the backend's own rounding on its longest chain (the focal gradient: exp,
+  log1p, a power, three products, a class sum; up to 4 ULP) plus the float64 reference's (the
+  spec is within 3.25 ULP of a 50-digit mpmath oracle, ``tests/test_spec_accuracy.py``). ulp(r)
+  is the spacing of the dtype's numbers at |r|, so a tiny loss is judged at its own scale: a
+  confident row's loss exp(-20) = 2e-9 returned as 0 in float32 is 1e7 ULPs off and fails.
+* ``spread``: what an error of one ULP in each input causes, to first order. Every shift-first
+  algorithm rounds z_c - z_top (absolute error u |z_c - z_top| <= ulp(z_c) + ulp(z_top)), which is
+  the same as moving the inputs; a backend cannot do better than that, and needs no more.
+  - softmax losses, with delta_c = ulp(z_c) and the gradient g_j = p_j S - v_j, S = sum_c v_c
+    (v from DESIGN.md): |dp_c| <= p_c (q_c delta_c + sum_{k != c} p_k delta_k), q_c = 1 - p_c
+    (the sum over the others formed directly for the largest p, the only one near 1), so
+      value spread    = sum_c |df/dz_c| delta_c  (the spec's gradient),
+      gradient spread = |dp_j| |S| + p_j sum_c |v'_c| |dp_c| + |v'_j| |dp_j|,
+    with v'/a = -2 g q^(g-1) - g q^(g-1) log p + g (g-1) p q^(g-2) log p (0 for cross entropy),
+    formed in log space so that 0 * inf never occurs. Where more than one class carries target
+    mass (label smoothing, soft targets), the mass a_c is itself rounded and the class sums
+    S = sum_c v_c and sum_c a_c (...) have n_c terms: both add (1 + ceil(log2 n_c)) u times the
+    sum of the terms' magnitudes (pairwise summation, Higham, Accuracy and Stability, section
+    4.2; torch's and XLA's reductions are blocked and pairwise-like).
+  - sigmoid losses (element-wise): the largest change of the spec's value and gradient entry when
+    the logit moves by one ULP either way, or a soft target (0 < t < 1) by one ULP of t or of 1 - t
+    (the quantity an implementation rounds), evaluated by the spec itself. Hard targets 0 and 1
+    are exact in every implementation and are not moved: t = 1 moved by u would move the loss by
+    u |x| and forgive a confident element's whole loss.
+* reductions: a sum of n per-element losses adds (1 + ceil(log2 n)) u sum_i |l_i| (pairwise
+  summation), divided by the mean's denominator, as does every spread.
+* differences below the working precision's smallest normal TINY are forgiven (XLA:CPU and GPUs
+  flush subnormal results to zero), scaled by the factors that can multiply an underflowed
+  intermediate (1 + gamma, the class weights or alpha).
+* float16 and bfloat16 are computed in float32 and rounded once: the tolerance is the float32
+  one (u, ulp and TINY of float32, the inputs moved by one float32 ULP) plus one ULP of the half
+  dtype (its smallest normal for a result below that, which the rounding may flush to zero).
+  A dropped focal term, a wrong smoothing denominator or log(1 + s) for log1p(s) is far outside
+  it in every dtype (``docs/mutation.md``).
+* on accelerators: GPU exp/log/pow are within 1-2 ULP like the CPU libraries the 4 ULP of the
+  backend's share assume, and non-deterministic reductions change only the order of a pairwise
+  sum, which the summation term already bounds for any order of a blocked tree.
+
+Practical (``"practical"``: the default of ``parity.check``, for users' code)
+-----------------------------------------------------------------------------
+
+The base of the practical standard is a first-order forward error bound of the textbook,
+log-space algorithm, written as
 ``tolerance = K * u * (|reference| + scale)``, where ``scale`` collects, term by term, how much an
 error of u in each elementary operation can move the result:
 
@@ -33,10 +85,11 @@ u * kappa_c before exponentiating):
   gets (n_c - 1) sum_c a_c w_c |log p_c| and sum_c V_c gets (n_c - 1) sum_c |v_c|. For class
   index targets without smoothing n_c = 1 and nothing changes.
 
-  This bound is deliberately absolute where the loss is tiny: a confident, correct prediction with
-  cross entropy exp(-20) has scale ~ w_y, so ``torch.nn.functional.cross_entropy`` in float32, which
-  returns 0 there (log(1 + s) rounds to 0), is within tolerance, as it should be: the error is below
-  u times the natural size of the computation. A NaN, an inf, a bias from ``log(p + eps)`` or
+  This base is deliberately absolute where the loss is tiny (the strict standard is not): a
+  confident, correct prediction with cross entropy exp(-20) has scale ~ w_y, so
+  ``torch.nn.functional.cross_entropy`` in float32, which returns 0 there (log(1 + s) rounds to
+  0), is within it, as it should be for users' code: the error is below u times the natural size
+  of the computation. A NaN, an inf, a bias from ``log(p + eps)`` or
   ``clip`` on a non-tiny probability, or a wrong formula are far outside it.
 
 Sigmoid losses (per element; x the logit, t the target, q = pos_weight, w = weight):
@@ -67,41 +120,37 @@ products, the final rounding to the output dtype) that each contribute up to u, 
 for library functions that are accurate to 1-2 ULP rather than 0.5. It is the same for every dtype,
 loss and input region: there is no per-case fudge.
 
-Two standards (DESIGN.md section 8), chosen by ``judge(..., standard=...)``:
+On top of that base, the candidate need not be forward-accurate, only backward stable and
+accurate at the scale of its whole result. An algorithm is backward stable when its result is
+the exact result for inputs x~ with |x~_i - x_i| <= c u |x_i|; to first order its error is then
+at most ``sum_i |df/dx_i| c u |x_i|`` (Higham, Accuracy and Stability, section 1.5). So the
+tolerance gets more terms:
 
-* ``"ours"``: the bound above, for dualloss's own backends (a shift-first log-space algorithm).
-* ``"practical"`` (the default of ``parity.check``, for users' code): the candidate need not be
-  forward-accurate, only backward stable and accurate at the scale of its whole result. An
-  algorithm is backward stable when its result is the exact result for inputs x~ with
-  |x~_i - x_i| <= c u |x_i|; to first order its error is then at most
-  ``sum_i |df/dx_i| c u |x_i|`` (Higham, Accuracy and Stability, section 1.5). So the tolerance
-  gets three more terms:
+- value: K u sum_i |df/dx_i| |x_i|, with df/dx the spec's own closed-form gradient (per element
+  for reduction 'none', summed over the class axis; over every logit for a reduced value). This
+  is what rounding the inputs already implies: ``lse(z) - z_y`` in float32 at logits of 800
+  returns log 2 with an error of ~800 u, and the allowance is 8 u (0.5 * 800 + 0.5 * 800).
+- gradient: the same argument with the Hessian in place of df/dx. The error model above already
+  charges each shifted logit kappa_c = |z_c - z_top| an absolute error u kappa_c; perturbing
+  every input by u |x_i| moves z_c - z_top by at most u (|z_c| + |z_top|), so the practical
+  gradient scale is the one above with kappa_c + |z_c| + |z_top| in place of kappa_c (sigmoid:
+  the grad scale times (1 + |x|), as |d sigma / dx| <= 1/4 and |x| enters once).
+- focal losses: the textbook forms 1 - p from p, an absolute error of u p in q = 1 - p, so the
+  focal weight q^g and v_c = a_c (q^g - g q^(g-1) p log p) are allowed the change from q to
+  q + u p, computed exactly: value K sum_c a_c |(q + u p)^g - q^g| |log p_c|, gradient
+  K (p_j sum_c |dv_c| + |dv_j|). For g >= 1 this covers the loss of 1 - p = 8e-9 at margin 20
+  (it rounds to 0 in float32, so the textbook returns 0 where the truth is 1e-24); for g < 1
+  the textbook's gradient there is inf, a hazard.
+- both: K u max|result| over the whole value (or gradient) tensor. A gradient of 0 where the
+  truth is 1.7e-24, next to entries of 0.1, is a rounding of that tensor, not a bug.
 
-  - value: K u sum_i |df/dx_i| |x_i|, with df/dx the spec's own closed-form gradient (per element
-    for reduction 'none', summed over the class axis; over every logit for a reduced value). This
-    is what rounding the inputs already implies: ``lse(z) - z_y`` in float32 at logits of 800
-    returns log 2 with an error of ~800 u, and the allowance is 8 u (0.5 * 800 + 0.5 * 800).
-  - gradient: the same argument with the Hessian in place of df/dx. The error model above already
-    charges each shifted logit kappa_c = |z_c - z_top| an absolute error u kappa_c; perturbing
-    every input by u |x_i| moves z_c - z_top by at most u (|z_c| + |z_top|), so the practical
-    gradient scale is the one above with kappa_c + |z_c| + |z_top| in place of kappa_c (sigmoid:
-    the grad scale times (1 + |x|), as |d sigma / dx| <= 1/4 and |x| enters once).
-  - focal losses: the textbook forms 1 - p from p, an absolute error of u p in q = 1 - p, so the
-    focal weight q^g and v_c = a_c (q^g - g q^(g-1) p log p) are allowed the change from q to
-    q + u p, computed exactly: value K sum_c a_c |(q + u p)^g - q^g| |log p_c|, gradient
-    K (p_j sum_c |dv_c| + |dv_j|). For g >= 1 this covers the loss of 1 - p = 8e-9 at margin 20
-    (it rounds to 0 in float32, so the textbook returns 0 where the truth is 1e-24); for g < 1
-    the textbook's gradient there is inf, a hazard.
-  - both: K u max|result| over the whole value (or gradient) tensor. A gradient of 0 where the
-    truth is 1.7e-24, next to entries of 0.1, is a rounding of that tensor, not a bug.
+- a mean over zero elements (every target ignored) is 0 / 0: dualloss defines it as 0
+  (DESIGN.md section 5), torch as NaN; either value is accepted (its gradient must be finite).
 
-  - a mean over zero elements (every target ignored) is 0 / 0: dualloss defines it as 0
-    (DESIGN.md section 5), torch as NaN; either value is accepted (its gradient must be finite).
-
-  What still fails: anything non-finite where the math is finite, and anything wrong at its own
-  scale: ``log(p + 1e-8)`` returns 18.4 where a confidently wrong row's loss is 100 (error 82,
-  allowance ~1e-4) with a vanishing gradient (error ~1 at entries of size ~1), and clamping the
-  logits to +-1e3 is wrong by the margin beyond 1e3.
+What still fails: anything non-finite where the math is finite, and anything wrong at its own
+scale: ``log(p + 1e-8)`` returns 18.4 where a confidently wrong row's loss is 100 (error 82,
+allowance ~1e-4) with a vanishing gradient (error ~1 at entries of size ~1), and clamping the
+logits to +-1e3 is wrong by the margin beyond 1e3.
 
 A non-finite candidate value or gradient where the spec is finite is a failure of its own kind
 ("non-finite"), never an accuracy failure; so is a finite candidate where the spec is NaN or inf
@@ -138,8 +187,8 @@ SMALLEST_NORMAL = {
 }
 MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
 K = 8.0
-# "ours": dualloss's own backends (today's bound); "practical": users' code (`parity.check`)
-STANDARDS = ("ours", "practical")
+# "strict": dualloss's own backends; "practical": users' code (`parity.check`)
+STANDARDS = ("strict", "practical")
 
 LOSSES = losses.NAMES
 
@@ -170,9 +219,10 @@ def ulp(x: np.ndarray, dtype: str) -> np.ndarray:
 # ----------------------------------------------------------------------------------------------
 
 
-def _softmax_scales(info, elements, options, practical=False):
-    """Per-element value scale (logits shape less the class axis), grad scale (logits shape);
-    `practical`: the shifted logits also carry the inputs' own rounding, u (|z_c| + |z_top|)."""
+def _softmax_scales(info, elements, options):
+    """Per-element value scale (logits shape less the class axis) and grad scale (logits shape)
+    of the practical base; the shifted logits also carry the inputs' own rounding,
+    u (|z_c| + |z_top|)."""
     gamma = info.gamma(options)
     with np.errstate(all="ignore"):
         terms = elements.terms
@@ -180,9 +230,8 @@ def _softmax_scales(info, elements, options, practical=False):
         a = np.abs(elements.a)
         z_top = np.max(z, axis=-1, keepdims=True)
         kappa = np.where(np.isfinite(z), np.abs(z - z_top), 0.0)
-        if practical:
-            top = np.where(np.isfinite(z_top), np.abs(z_top), 0.0)
-            kappa = kappa + np.where(np.isfinite(z), np.abs(z), 0.0) + top
+        top = np.where(np.isfinite(z_top), np.abs(z_top), 0.0)
+        kappa = kappa + np.where(np.isfinite(z), np.abs(z), 0.0) + top
         log_not_p = terms.log_not_p
         focal_weight = terms.focal_weight
         power_error = 1.0 + gamma * (1.0 + np.abs(np.where(np.isfinite(log_not_p), log_not_p, 0.0)))
@@ -207,25 +256,171 @@ def _softmax_scales(info, elements, options, practical=False):
     return value_scale, np.moveaxis(grad_scale, -1, elements.axis)
 
 
-def _sigmoid_scales(info, elements, options, practical=False):
-    """Per-element value and grad scales (logits shape) of a sigmoid loss; `practical`: the
-    gradient also moves by the inputs' own rounding u |x| (times (1 + |x|))."""
+def _sigmoid_scales(info, elements, options):
+    """Per-element value and grad scales (logits shape) of a sigmoid loss in the practical base;
+    the gradient also moves by the inputs' own rounding u |x| (times (1 + |x|))."""
     gamma = info.gamma(options)
     with np.errstate(all="ignore"):
         x, t = elements.x, elements.t
         if elements.focal is None:
             mass = np.abs(elements.w) * (np.abs(1.0 - t) + np.abs(elements.q) * np.abs(t))
-            input_error = 1.0 + np.abs(x) if practical else 1.0
-            return mass * (1.0 + np.abs(x)), 2.0 * mass * input_error
+            return mass * (1.0 + np.abs(x)), 2.0 * mass * (1.0 + np.abs(x))
         focal = elements.focal
         log_not_pt = focal.log_not_pt
         power_error = 1.0 + gamma * (1.0 + np.abs(np.where(np.isfinite(log_not_pt), log_not_pt, 0)))
         base = np.abs(focal.alpha_t) * focal.focal_weight * (1.0 + np.abs(x)) * power_error
-        input_error = 1.0 + np.abs(x) if practical else 1.0
-        return base, base * (1.0 + gamma) * input_error
+        return base, base * (1.0 + gamma) * (1.0 + np.abs(x))
 
 
 _SCALES = {"softmax": _softmax_scales, "sigmoid": _sigmoid_scales}
+
+
+# ----------------------------------------------------------------------------------------------
+# The strict standard (dualloss's own backends)
+# ----------------------------------------------------------------------------------------------
+
+HALF = ("float16", "bfloat16")
+# "a few ULPs" (module docstring): the backend's own rounding, up to 4 ULP on its longest chain
+# (the focal gradient), plus the float64 reference's, up to 4 ULP (measured: 3.25 against mpmath)
+STRICT_ULPS = 8.0
+# a difference below the smallest normal number, times how much the loss can scale it up
+STRICT_FORGIVEN = 2.0
+
+
+def _softmax_spreads(info, elements, options, dtype):
+    """The first-order change of each per-element value (logits shape less the class axis) and
+    gradient entry (logits shape) when every logit moves by one ULP of `dtype` and the target
+    mass a_c by a relative u (module docstring, "strict"); float64."""
+    gamma = info.gamma(options)
+    u = UNIT_ROUNDOFF[dtype]
+    with np.errstate(all="ignore"):
+        terms = elements.terms
+        z = elements.z
+        finite = np.isfinite(z)
+        delta = np.where(finite, ulp(np.where(finite, z, 0.0), dtype), 0.0)
+        p = np.where(finite, terms.p, 0.0)
+        log_p, log_q = terms.log_p, terms.log_not_p
+        q = np.exp(log_q)
+        a = np.abs(elements.a)
+        v = terms.v
+        # |dp_c| <= p_c (q_c delta_c + sum_{k != c} p_k delta_k); the sum over the others is
+        # formed directly for the largest p (the only one that can be close to 1)
+        weighted = p * delta
+        total = np.sum(weighted, axis=-1, keepdims=True)
+        num_classes = z.shape[-1]
+        is_top = np.arange(num_classes) == np.argmax(p, axis=-1)[..., None]
+        rest_of_top = np.sum(np.where(is_top, 0.0, weighted), axis=-1, keepdims=True)
+        others = np.where(is_top, rest_of_top, np.maximum(total - weighted, 0.0))
+        log_dp = log_p + np.log(q * delta + others)
+        dp = np.where(finite, np.exp(log_dp), 0.0)
+        # value: sum_c |df/dz_c| delta_c, with df/dz_c = p_c sum(v) - v_c
+        grad_terms = np.abs(terms.grad)
+        # gradient: g_j = p_j S - v_j, S = sum_c v_c, v_c a function of p_c (focal):
+        # |dg_j| <= |dp_j| |S| + p_j sum_c |v'_c| |dp_c| + |v'_j| |dp_j|, with
+        # v'/a = -2 g q^(g-1) - g q^(g-1) log p + g (g-1) p q^(g-2) log p (formed in log space)
+        big_s = np.abs(np.sum(v, axis=-1, keepdims=True))
+        if gamma == 0.0:
+            dv = np.zeros_like(dp)
+        else:
+            log_a = np.log(a)
+            abs_log_p = np.abs(log_p)
+            first = np.exp(
+                log_a + np.log(gamma) + (gamma - 1.0) * log_q + np.log(2.0 + abs_log_p) + log_dp
+            )
+            second = np.exp(
+                log_a + np.log(gamma * abs(gamma - 1.0)) + log_p + np.log(abs_log_p)
+                + (gamma - 2.0) * log_q + log_dp
+            )  # fmt: skip
+            dv = np.where(np.isfinite(first), first, 0.0) + np.where(
+                np.isfinite(second), second, 0.0
+            )
+            dv = np.where(finite & (a != 0.0), dv, 0.0)
+        grad_spread = dp * big_s + p * np.sum(dv, axis=-1, keepdims=True) + dv
+        # the target mass a_c = class weight x smoothed target, rounded (relative u), and the class
+        # sums over the n_c classes with mass (pairwise: 1 + ceil(log2 n_c) roundings)
+        n_terms = np.sum(a != 0.0, axis=-1, keepdims=True)
+        mass_error = np.where(
+            n_terms > 1, (1.0 + np.ceil(np.log2(np.maximum(n_terms, 1)))) * u, 0.0
+        )
+        abs_v = np.abs(v)
+        grad_spread = grad_spread + mass_error * (p * np.sum(abs_v, axis=-1, keepdims=True) + abs_v)
+        value_terms = np.where(a == 0.0, 0.0, a * terms.focal_weight * np.abs(log_p))
+        value_spread = np.sum(grad_terms * delta, axis=-1) + mass_error[..., 0] * np.sum(
+            value_terms, axis=-1
+        )
+        value_spread = np.where(elements.keep & np.isfinite(value_spread), value_spread, 0.0)
+        grad_spread = np.where(
+            elements.keep[..., None] & elements.valid & np.isfinite(grad_spread), grad_spread, 0.0
+        )
+    return value_spread, np.moveaxis(grad_spread, -1, elements.axis)
+
+
+def _sigmoid_spreads(info, elements, options, dtype):
+    """The change of each per-element value and gradient entry (logits shape) when the logit
+    moves by one ULP of `dtype` either way, or a soft target t (0 < t < 1) by one ULP of t or of
+    1 - t (whichever an implementation rounds), from the spec itself (element-wise, so the four
+    moves bound it); float64. Hard targets 0 and 1 are exact in every implementation."""
+    x, t = elements.x, elements.t
+    with np.errstate(all="ignore"):
+        dx = np.where(np.isfinite(x), ulp(np.where(np.isfinite(x), x, 0.0), dtype), 0.0)
+        soft = (t > 0.0) & (t < 1.0)
+        dt = np.where(soft, np.maximum(ulp(t, dtype), ulp(1.0 - t, dtype)), 0.0)
+        element_options = dict(options, reduction="none")
+        value_spread = np.zeros_like(x)
+        grad_spread = np.zeros_like(x)
+        for moved_x, moved_t in ((x + dx, t), (x - dx, t), (x, t + dt), (x, t - dt)):
+            moved = info.intermediates(moved_x, moved_t, **element_options)
+            value_spread = np.fmax(value_spread, np.abs(moved.loss - elements.loss))
+            grad_spread = np.fmax(grad_spread, np.abs(moved.grad - elements.grad))
+        value_spread = np.where(np.isfinite(value_spread), value_spread, 0.0)
+        grad_spread = np.where(np.isfinite(grad_spread), grad_spread, 0.0)
+    return value_spread, grad_spread
+
+
+_SPREADS = {"softmax": _softmax_spreads, "sigmoid": _sigmoid_spreads}
+
+
+def _one_rounding(result, dtype: str) -> np.ndarray:
+    """One ULP of `dtype` at |result|, or its smallest normal where |result| is below it."""
+    tiny = SMALLEST_NORMAL[dtype]
+    return np.where(np.abs(result) < tiny, tiny, ulp(result, dtype))
+
+
+def _strict_tolerances(info, options, dtype, expected_value, expected_grad, elements, values):
+    """Value and gradient tolerances of the strict standard (module docstring)."""
+    work = "float32" if dtype in HALF else dtype
+    u = UNIT_ROUNDOFF[work]
+    reduction = options.get("reduction", "mean")
+    element_options = dict(options, reduction="none")
+    value_spread, grad_spread = _SPREADS[info.family](info, elements, element_options, work)
+    multiplier = _underflow_multiplier(info, options)
+    # intermediates flush in the working precision (float32 for the half dtypes)
+    forgiven = STRICT_FORGIVEN * SMALLEST_NORMAL[work] * multiplier
+    with np.errstate(all="ignore"):
+        if reduction == "none":
+            divisor = 1.0
+            value_tolerance = STRICT_ULPS * ulp(expected_value, work) + value_spread + forgiven
+        else:
+            divisor = _mean_divisor(elements) if reduction == "mean" else 1.0
+            n = max(values.size, 1)
+            summation = 1.0 + math.ceil(math.log2(n))
+            value_tolerance = np.asarray(
+                STRICT_ULPS * ulp(expected_value, work)
+                + (np.sum(value_spread) + summation * u * np.sum(np.abs(values))) / divisor
+                + forgiven * n / divisor
+            )
+        grad_tolerance = None
+        if expected_grad is not None:
+            grad_tolerance = (
+                STRICT_ULPS * ulp(expected_grad, work) + grad_spread / divisor + forgiven
+            )
+        if dtype in HALF:
+            # computed in float32, rounded once to the half dtype (a result below its smallest
+            # normal may be flushed to zero there)
+            value_tolerance = value_tolerance + _one_rounding(expected_value, dtype)
+            if grad_tolerance is not None:
+                grad_tolerance = grad_tolerance + _one_rounding(expected_grad, dtype)
+    return value_tolerance, grad_tolerance
 
 
 # ----------------------------------------------------------------------------------------------
@@ -314,7 +509,7 @@ def judge(
     value: Any,
     grad: Any = None,
     *,
-    standard: str = "ours",
+    standard: str = "strict",
 ) -> Judgement:
     """Compares a candidate's value (and gradient w.r.t. the logits) with the spec.
 
@@ -327,7 +522,7 @@ def judge(
       value: the candidate's loss, as NumPy.
       grad: the candidate's gradient of the (summed, for reduction 'none') loss w.r.t. the logits,
         or None to judge the value alone.
-      standard: 'ours' (dualloss's own backends) or 'practical' (users' code: the
+      standard: 'strict' (dualloss's own backends) or 'practical' (users' code: the
         backward-stability and whole-result allowances of the module docstring).
 
     Returns:
@@ -337,11 +532,10 @@ def judge(
     dtype = dtype_name(dtype)
     if standard not in STANDARDS:
         raise ValueError(
-            f"`standard` must be 'practical' or 'ours'. Received: standard={standard!r}."
+            f"`standard` must be 'practical' or 'strict'. Received: standard={standard!r}."
         )
     practical = standard == "practical"
     options = dict(options or {})
-    u = UNIT_ROUNDOFF[dtype]
     reduction = options.get("reduction", "mean")
     expected_value = np.asarray(info.spec(logits, targets, **options))
     expected_grad = None if grad is None else np.asarray(info.grad(logits, targets, **options))
@@ -350,41 +544,15 @@ def judge(
     # the spec's per-element intermediates, computed once for every term of the error model
     with np.errstate(all="ignore"):
         intermediates = info.intermediates(logits, targets, **element_options)
-    value_scale, grad_scale = _SCALES[info.family](info, intermediates, element_options, practical)
-    underflow = K * SMALLEST_NORMAL[dtype] * _underflow_multiplier(info, options)
-    with np.errstate(all="ignore"):
-        if reduction == "none":
-            value_tolerance = K * u * (np.abs(elements) + value_scale) + underflow
-            divisor = 1.0
-        else:
-            divisor = _mean_divisor(intermediates) if reduction == "mean" else 1.0
-            n = max(elements.size, 1)
-            summation = 1.0 + math.ceil(math.log2(n))
-            value_tolerance = np.asarray(
-                K * u * (np.sum(value_scale) + summation * np.sum(np.abs(elements))) / divisor
-                + K * u * np.abs(expected_value)
-                + underflow * n / divisor
-            )
-        grad_tolerance = None
-        if grad is not None:
-            grad_tolerance = K * u * (np.abs(expected_grad) + grad_scale / divisor) + underflow
-        if practical and info.is_softmax and info.gamma(options) > 0.0:
-            value_focal, grad_focal = _textbook_focal_allowance(
-                info, intermediates, element_options, u
-            )
-            if reduction == "none":
-                value_tolerance = value_tolerance + K * value_focal
-            else:
-                value_tolerance = value_tolerance + K * np.sum(value_focal) / divisor
-            if grad is not None:
-                grad_tolerance = grad_tolerance + K * grad_focal / divisor
-        if practical:
-            value_tolerance = value_tolerance + _practical_value_allowance(
-                info, logits, targets, options, u
-            )
-            value_tolerance = value_tolerance + K * u * _largest(expected_value)
-            if grad is not None:
-                grad_tolerance = grad_tolerance + K * u * _largest(expected_grad)
+    if practical:
+        value_tolerance, grad_tolerance = _practical_tolerances(
+            info, logits, targets, options, dtype, expected_value, expected_grad, intermediates,
+            elements,
+        )  # fmt: skip
+    else:
+        value_tolerance, grad_tolerance = _strict_tolerances(
+            info, options, dtype, expected_value, expected_grad, intermediates, elements
+        )
     if practical and reduction == "mean" and _mean_is_empty(intermediates):
         # 0 / 0: torch's NaN is as good as dualloss's 0 (module docstring)
         value = np.where(np.isnan(np.asarray(value, dtype=np.float64)), expected_value, value)
@@ -414,6 +582,50 @@ def judge(
         worst_grad_ulp=worst_grad_ulp,
         worst_ratio=max(value_ratio, grad_ratio),
     )
+
+
+def _practical_tolerances(
+    info, logits, targets, options, dtype, expected_value, expected_grad, intermediates, elements
+):
+    """Value and gradient tolerances of the practical standard (module docstring)."""
+    u = UNIT_ROUNDOFF[dtype]
+    reduction = options.get("reduction", "mean")
+    element_options = dict(options, reduction="none")
+    value_scale, grad_scale = _SCALES[info.family](info, intermediates, element_options)
+    underflow = K * SMALLEST_NORMAL[dtype] * _underflow_multiplier(info, options)
+    with np.errstate(all="ignore"):
+        if reduction == "none":
+            value_tolerance = K * u * (np.abs(elements) + value_scale) + underflow
+            divisor = 1.0
+        else:
+            divisor = _mean_divisor(intermediates) if reduction == "mean" else 1.0
+            n = max(elements.size, 1)
+            summation = 1.0 + math.ceil(math.log2(n))
+            value_tolerance = np.asarray(
+                K * u * (np.sum(value_scale) + summation * np.sum(np.abs(elements))) / divisor
+                + K * u * np.abs(expected_value)
+                + underflow * n / divisor
+            )
+        grad_tolerance = None
+        if expected_grad is not None:
+            grad_tolerance = K * u * (np.abs(expected_grad) + grad_scale / divisor) + underflow
+        if info.is_softmax and info.gamma(options) > 0.0:
+            value_focal, grad_focal = _textbook_focal_allowance(
+                info, intermediates, element_options, u
+            )
+            if reduction == "none":
+                value_tolerance = value_tolerance + K * value_focal
+            else:
+                value_tolerance = value_tolerance + K * np.sum(value_focal) / divisor
+            if grad_tolerance is not None:
+                grad_tolerance = grad_tolerance + K * grad_focal / divisor
+        value_tolerance = value_tolerance + _practical_value_allowance(
+            info, logits, targets, options, u
+        )
+        value_tolerance = value_tolerance + K * u * _largest(expected_value)
+        if grad_tolerance is not None:
+            grad_tolerance = grad_tolerance + K * u * _largest(expected_grad)
+    return value_tolerance, grad_tolerance
 
 
 def _textbook_focal_allowance(info, elements, options, u):
@@ -496,7 +708,7 @@ def assert_matches_spec(
     grad: Any = None,
     *,
     context: str = "",
-    standard: str = "ours",
+    standard: str = "strict",
 ) -> Judgement:
     """``judge``, raising AssertionError with every problem and the call named in `context`."""
     judgement = judge(loss, logits, targets, options, dtype, value, grad, standard=standard)
