@@ -358,7 +358,9 @@ def _log_softmax(z):
         has_others, runner_up + jnp.log(jnp.where(has_others, others_sum, 1.0)), -jnp.inf
     )
     log_p = shifted - log1p_s
-    p = jnp.exp(log_p)
+    # p = exp(z - z_top) / (1 + s): within ~1 ULP, where exp(log p) would multiply the absolute
+    # error of log p by |log p| (as spec)
+    p = jnp.exp(shifted) / (1.0 + s)
     # 1 - p_top = s / (1 + s), never formed as 1 - p
     not_p = jnp.where(is_top, s / (1.0 + s), 1.0 - p)
     log_not_p = jnp.where(is_top, log_s - log1p_s, _log1m(jnp.where(is_top, 0.0, p)))
@@ -455,25 +457,35 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
 def _softmax_cross_entropy_terms_at(z, y, a_y, keep):
     """`_softmax_focal_terms_at` for gamma = 0, the hot path: two passes, as optax.
 
-    log p_y = z_y - logsumexp(z) and p = exp(z - logsumexp(z)) need neither the argmax nor
-    log(1 - p) (no focal weight); the absolute error u (1 + |z_y - z_top|) of log p_y is within
-    the spec's tolerance (dualloss.parity.tolerance), also where p_y is within u of 1.
+    Neither log(1 - p) nor the focal weight is needed. With s = sum_{c != top} exp(z_c - z_top)
+    (top: the first largest logit), the normaliser is 1 + s exactly, and
+      log p_y = (z_y - z_top) - log1p(s),  1 - p_y = s / (1 + s) where y = top,
+    so a confident row keeps its tiny loss and target gradient (log(1 + s) would round both to 0
+    once s < u). The shift is the top's own logit, not a stopped constant: s then carries its
+    derivative along z_top, and the Hessians (forward mode over this gradient) are right.
     """
-    # shift by the largest logit (a constant: the shift cancels in log p); a row of -inf gives NaN
-    z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
-    # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
+    top = jnp.argmax(z, axis=-1)
+    z_top = _at(z, top)[..., None]
+    # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does (argmax picks it)
     z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
     shifted = z - z_top
+    classes = jnp.arange(z.shape[-1])
+    is_top = classes == top[..., None]
     exp_shifted = jnp.exp(shifted)
-    normaliser = jnp.sum(exp_shifted, axis=-1, keepdims=True)
-    is_y = jnp.arange(z.shape[-1]) == y[..., None]
-    log_p_y = (_at(z, y) - z_top[..., 0]) - jnp.log(normaliser[..., 0])
-    p = exp_shifted * (1.0 / normaliser)
+    s = jnp.sum(jnp.where(is_top, 0.0, exp_shifted), axis=-1, keepdims=True)
+    log1p_s = jnp.log1p(s)
+    is_y = classes == y[..., None]
+    log_p_y = _at(shifted, y) - log1p_s[..., 0]
+    inverse = 1.0 / (1.0 + s)
+    p = exp_shifted * inverse
+    # p_y - 1, free of cancellation where p_y is close to 1 (only at the top)
+    p_y_minus_1 = jnp.where(y == top, -(s * inverse)[..., 0], _at(p, y) - 1.0)
     # 0 log 0 = 0: no target mass (zero weight) contributes nothing; d/da_y = -log p_y also at
     # a_y = 0 (0 where p_y = 0)
     no_p = log_p_y == -jnp.inf
     loss = -(a_y * jnp.where(no_p, 0.0, log_p_y) + jnp.where(no_p & (a_y != 0.0), -jnp.inf, 0.0))
-    grad = jnp.where(keep[..., None], a_y[..., None] * jnp.where(is_y, p - 1.0, p), 0.0)
+    grad = jnp.where(is_y, p_y_minus_1[..., None], p)
+    grad = jnp.where(keep[..., None], a_y[..., None] * grad, 0.0)
     return loss, grad
 
 

@@ -424,7 +424,9 @@ def _log_softmax(z):
     z_top, top, shifted, s, log1p_s, log_s = _row_stats(z)
     is_top = torch.arange(num_classes, device=z.device) == top
     log_p = shifted - log1p_s
-    p = torch.exp(log_p)
+    # p = exp(z - z_top) / (1 + s): within ~1 ULP, where exp(log p) would multiply the absolute
+    # error of log p by |log p| (as spec)
+    p = torch.exp(shifted) / (1.0 + s)
     # 1 - p_top = s / (1 + s), never formed as 1 - p
     not_p = torch.where(is_top, s / (1.0 + s), 1.0 - p)
     # double where: log1p(-p) is -inf at the top when p rounds to 1
@@ -736,34 +738,48 @@ def _sigmoid_terms(x, t, w, q, grad_loss):
     l = (1 - t) softplus(x) + q t softplus(-x), the same as torch's
     (1 - t) x + (1 + (q - 1) t) softplus(-x).
     dl/dx = (1 - t) sigma(x) - q t sigma(-x), the same as (q t + 1 - t) sigma(x) - q t.
-    Fast path (q = 1): l = softplus(x) - t x and dl/dx = sigma(x) - t, one fused pass each
-    after softplus/sigmoid; their rounding error is u |x| and u absolute, the size of the error
-    softplus and sigma already carry (``parity.tolerance``: scale (1 + |x|)). The weight `w`
+    Fast path (q = 1): l = softplus(x) - t x and dl/dx = sigma(x) - t, each formed without
+    the cancellation of a confident element (x >> 0, t = 1: softplus(x) and t x agree to far
+    below the loss; sigma(x) rounds to 1): with e = softplus(-|x|) and s = (x >= 0),
+      l = e + x (s - t),  dl/dx = (s - t) + sigma(-|x|) (1 - 2 s),
+    sums of two terms of one sign for hard targets (``_sigmoid_minus_target``). The weight `w`
     multiplies the loss, or the gradient before `grad_loss` does.
     """
     inplace = _inplace(x, t, w, q, grad_loss)
     if grad_loss is None:
-        # -log(1 - sigma(x)) = softplus(x), -log(sigma(x)) = softplus(-x) = softplus(x) - x
-        not_log_not_p = _softplus(x)
         if q is None:
-            loss = _addcmul(not_log_not_p, t, x, -1.0, inplace)
+            # softplus(x) - t x = softplus(-|x|) + x ((x >= 0) - t), a fresh tensor
+            step = (x >= 0.0).to(x.dtype).sub_(t)
+            loss = _softplus(x.abs().neg_()).addcmul_(x, step)
         else:
+            # -log(1 - sigma(x)) = softplus(x), -log(sigma(x)) = softplus(-x)
+            not_log_not_p = _softplus(x)
             not_log_p = _softplus(-x)
             loss = _addcmul(not_log_not_p, t, not_log_not_p, -1.0, inplace)
             loss = _addcmul(loss, q * t, not_log_p, 1.0, inplace)
         if w is None:
             return loss
         return loss.mul_(w) if inplace else loss * w
-    p = _sigmoid(x)
     if q is None:
-        grad = p.sub_(t) if inplace else p - t
+        grad = _sigmoid_minus_target(x, t)
     else:
+        p = _sigmoid(x)
         not_p = _sigmoid(-x)
         grad = _addcmul(p, t, p, -1.0, inplace)
         grad = _addcmul(grad, q * t, not_p, -1.0, inplace)
     if w is not None:
         grad = grad.mul_(w) if inplace else grad * w
     return grad.mul_(grad_loss) if inplace else grad * grad_loss
+
+
+def _sigmoid_minus_target(x, t):
+    """sigma(x) - t as (s - t) + sigma(-|x|) (1 - 2 s), s = (x >= 0): for x >= 0 it is
+    (1 - t) - sigma(-x), exact in its first term for a hard target, so a confident element
+    (x >> 0, t = 1) keeps its gradient -sigma(-x) where sigma(x) rounds to 1. A fresh tensor."""
+    is_positive = x >= 0.0
+    step = is_positive.to(x.dtype).sub_(t)
+    small = _sigmoid(x.abs().neg_())
+    return step.add_(torch.where(is_positive, small.neg(), small))
 
 
 def _addcmul(a, b, c, value, inplace):
@@ -833,7 +849,8 @@ def _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss):
     switches to end - (end - start)(1 - t) for t >= 1/2, so no cancellation either way); the
     power is pow(1 - p_t, gamma), 0 where 1 - p_t underflows (there ce <= c (1 - p_t)(1 + |x|),
     so the dropped term is below the dtype's roundoff of the loss); r uses 1 - p_t clamped at the
-    smallest normal, 0 where p (1 - p) underflows with it.
+    smallest normal, 0 where p (1 - p) underflows with it; p - t is ``_sigmoid_minus_target``
+    (no cancellation where p rounds to t).
     """
     inplace = _inplace(x, t, grad_loss)
     if grad_loss is None or gamma != 0.0:
@@ -866,7 +883,7 @@ def _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss):
     focal_weight = not_pt.pow_(gamma) if inplace else not_pt.pow(gamma)
     # (p - t) + gamma ce (1 - 2t) r
     term = r.mul_(ce).mul_(torch.rsub(t, 1.0, alpha=2.0)) if inplace else r * ce * (1 - 2 * t)
-    grad = p.sub_(t).add_(term, alpha=gamma) if inplace else p - t + gamma * term
+    grad = _sigmoid_minus_target(x, t).add_(term, alpha=gamma)
     grad = grad.mul_(focal_weight) if inplace else grad * focal_weight
     return grad.mul_(coefficient) if inplace else grad * coefficient
 

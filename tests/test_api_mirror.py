@@ -88,6 +88,8 @@ BACKEND_EXTRAS = {
         "_row_stats", "_softmax_focal_terms_sparse", "_softmax_loss_or_grad",
         # fused element-wise kernels and the loss-or-gradient bodies of the sigmoid losses
         "_addcmul", "_sigmoid_cross_entropy_or_grad", "_sigmoid_focal_loss_or_grad",
+        # sigma(x) - t in one form free of cancellation (the spec's is two sigmoids)
+        "_sigmoid_minus_target",
         # the deprecated size_average/reduce arguments of the torch drop-ins
         "_legacy_reduction",
     },
