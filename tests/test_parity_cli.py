@@ -10,7 +10,10 @@ import textwrap
 
 import pytest
 
+from dualloss import spec
+from dualloss.parity import peers as parity_peers
 from dualloss.parity.__main__ import main
+from dualloss.parity.backends import Implementation
 
 pytest.importorskip("torch")
 
@@ -57,14 +60,49 @@ def test_check_buggy_loss_exits_1(tmp_path, monkeypatch, capsys):
     assert "from buggy_loss import loss" in out
 
 
-def test_run_report_torch_subset(tmp_path, capsys):
-    code = main(["run", "--backends", "torch", "--dtypes", "float32", "--losses",
-                 "sigmoid_cross_entropy", "--peers", "--report", str(tmp_path),
-                 "--no-progress"])  # fmt: skip
+def _spec_sigmoid_cross_entropy(scale):
+    """A torch candidate computing spec.sigmoid_cross_entropy (mean) in float64 and rounding it
+    once: meets every standard when `scale` is 1; off by `scale` (a planted bug) otherwise."""
+    import torch
+
+    class SpecLoss(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, t):
+            ctx.save_for_backward(x, t)
+            value = spec.sigmoid_cross_entropy(x.double().numpy(), t.double().numpy())
+            return torch.tensor(value * scale, dtype=x.dtype)
+
+        @staticmethod
+        def backward(ctx, g):
+            x, t = ctx.saved_tensors
+            grad = spec.sigmoid_cross_entropy_grad(x.double().numpy(), t.double().numpy())
+            return g * torch.from_numpy(grad * scale).to(x.dtype), None
+
+    def defaults_only(options, array):
+        # the candidate implements the default options only: other cases are skipped
+        if set(options) - {"reduction"} or options.get("reduction", "mean") != "mean":
+            return None
+        return {}
+
+    return Implementation(f"spec x {scale}", "torch", "sigmoid_cross_entropy", SpecLoss.apply,
+                          defaults_only, "", lambda kw: "candidate(x, t)")  # fmt: skip
+
+
+@pytest.mark.parametrize(("scale", "expected"), [(1.0, 0), (1.0 + 2.0**-10, 1)])
+def test_run_exit_status_and_report_follow_the_verdict(scale, expected, tmp_path, monkeypatch,
+                                                       capsys):  # fmt: skip
+    # the only candidate: the spec rounded once (must pass), or 1 + 2^-10 times it (must fail:
+    # a relative error of 2^-10, 8192 ULP of float32, in every value and gradient entry)
+    monkeypatch.setattr(parity_peers, "available_peers",
+                        lambda backends: [_spec_sigmoid_cross_entropy(scale)])  # fmt: skip
+    code = main(["run", "--only-peers", "--backends", "torch", "--dtypes", "float32", "--losses",
+                 "sigmoid_cross_entropy", "--report", str(tmp_path), "--no-progress"])  # fmt: skip
     out = capsys.readouterr().out
+    assert code == expected, out[-3000:]
     assert "worst err/tol" in out
     data = json.loads((tmp_path / "parity.json").read_text())
-    assert data["records"] and code == (0 if data["ok"] else 1)
+    assert data["records"] and data["ok"] == (expected == 0)
+    assert {r["impl"] for r in data["records"]} == {f"spec x {scale}"}
     assert (tmp_path / "report.md").exists()
     assert any(name.endswith(".png") for name in os.listdir(tmp_path))
 

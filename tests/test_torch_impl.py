@@ -8,6 +8,7 @@ loosened per test.
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -151,11 +152,25 @@ def test_sigmoid_matches_spec(loss, reduction, dtype):
                     _check(loss, logits, targets, options)
 
 
-def test_focal_gamma_zero_equals_cross_entropy():
-    logits, targets = _softmax_case("index", torch.float64)
-    a = ti.softmax_focal_loss(logits, targets, gamma=0.0)
-    b = ti.softmax_cross_entropy(logits, targets)
-    assert torch.allclose(a, b, rtol=1e-15, atol=0)
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("reduction", REDUCTIONS)
+@pytest.mark.parametrize("kind", ["index", "prob"])
+def test_focal_gamma_zero_equals_cross_entropy(kind, reduction, label_smoothing):
+    # torch_impl.softmax_cross_entropy is the focal code at gamma = 0, so the two are not
+    # compared with each other: each is compared with torch's own F.cross_entropy (float64)
+    logits, targets = _softmax_case(kind, torch.float64)
+    options = dict(reduction=reduction, label_smoothing=label_smoothing)
+    x = logits.clone().requires_grad_(True)
+    expected = F.cross_entropy(x, targets, **options)
+    (expected_grad,) = torch.autograd.grad(expected.sum(), x)
+    for name, call in [("softmax_focal_loss(gamma=0)", partial(ti.softmax_focal_loss, gamma=0.0)),
+                       ("softmax_cross_entropy", ti.softmax_cross_entropy)]:  # fmt: skip
+        x = logits.clone().requires_grad_(True)
+        value = call(x, targets, **options)
+        (grad,) = torch.autograd.grad(value.sum(), x)
+        context = f"torch_impl.{name}, {kind} targets, {options} vs F.cross_entropy"
+        torch.testing.assert_close(value, expected, rtol=1e-13, atol=1e-15, msg=context)
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-13, atol=1e-15, msg=context)
 
 
 # ----------------------------------------------------------------------------------------------
