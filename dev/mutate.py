@@ -37,8 +37,10 @@ class Mutation:
     what: str
     old: str
     new: str
-    # extra pytest -k expression for the backend's own tests (None: conformance only)
+    # extra pytest -k expression for the backend's own tests (None: conformance only), and the
+    # file they are in (None: tests/test_<backend>_impl.py)
     own_tests: str | None = None
+    own_file: str | None = None
 
 
 MUTATIONS = (
@@ -69,13 +71,14 @@ MUTATIONS = (
     ),
     Mutation(
         "jax_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
-        "    log1p_s = jnp.log1p(s)\n",
-        "    log1p_s = jnp.log(1.0 + s)\n",
+        "    log1p_s = jnp.log1p(s)\n    # log s",
+        "    log1p_s = jnp.log(1.0 + s)\n    # log s",
     ),
     Mutation(
-        "jax_impl", "softmax_cross_entropy", "the shift z_top without stop_gradient",
-        "    z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))\n",
-        "    z_top = jnp.max(z, axis=-1, keepdims=True)\n",
+        "jax_impl", "softmax_cross_entropy", "the shift z_top a stop_gradient constant",
+        "    z_top = _at(z, top)[..., None]\n    # a +inf",
+        "    z_top = jax.lax.stop_gradient(_at(z, top)[..., None])\n    # a +inf",
+        "hessian or check_grads", "tests/test_jax_transforms.py",
     ),
     Mutation(
         "jax_impl", "softmax_focal_loss", "focal mean over every row, ignored ones included",
@@ -96,6 +99,21 @@ MUTATIONS = (
         "torch_impl", "sigmoid_cross_entropy", "pos_weight applied to the negative term",
         "        grad = _addcmul(grad, q * t, not_p, -1.0, inplace)\n",
         "        grad = _addcmul(grad, q * (1.0 - t), not_p, -1.0, inplace)\n",
+    ),
+    Mutation(
+        "jax_impl", "softmax_cross_entropy", "log1p(s) computed as log(1 + s) (the fast path)",
+        "    log1p_s = jnp.log1p(s)\n    is_y",
+        "    log1p_s = jnp.log(1.0 + s)\n    is_y",
+    ),
+    Mutation(
+        "torch_impl", "sigmoid_cross_entropy", "softplus(x) - t x formed with its cancellation",
+        "            loss = _softplus(x.abs().neg_()).addcmul_(x, step)\n",
+        "            loss = _softplus(x).addcmul_(t, x, value=-1.0)\n",
+    ),
+    Mutation(
+        "torch_impl", "sigmoid_focal_loss", "sigma(x) - t formed with its cancellation",
+        "    return step.add_(torch.where(is_positive, small.neg(), small))\n",
+        "    return torch.sigmoid(x) - t\n",
     ),
 )  # fmt: skip
 
@@ -139,7 +157,7 @@ def run(mutation: Mutation, log) -> dict:
             caught[dtype] = not passed
             log(f"    {dtype}: {'caught' if not passed else 'MISSED'} {' '.join(tail)[:100]}")
         if mutation.own_tests is not None:
-            own = "tests/test_torch_impl.py" if backend == "torch" else "tests/test_jax_impl.py"
+            own = mutation.own_file or f"tests/test_{backend}_impl.py"
             passed, _ = _pytest(tmp, own, "-k", mutation.own_tests)
             caught["own tests"] = not passed
         return {"stale": False, "caught": caught}
@@ -147,14 +165,16 @@ def run(mutation: Mutation, log) -> dict:
 
 def markdown(results: list[tuple[Mutation, dict]]) -> str:
     lines = [
-        "| # | backend | loss | mutation | " + " | ".join(DTYPES) + " |",
-        "|---|---|---|---|" + "---|" * len(DTYPES),
+        "| # | backend | loss | mutation | " + " | ".join(DTYPES) + " | backend tests |",
+        "|---|---|---|---|" + "---|" * (len(DTYPES) + 1),
     ]
     for i, (m, r) in enumerate(results):
+        own = r.get("caught", {}).get("own tests")
         cells = (
-            ["stale"] * len(DTYPES)
+            ["stale"] * (len(DTYPES) + 1)
             if r["stale"]
             else ["caught" if r["caught"][d] else "**missed**" for d in DTYPES]
+            + ["-" if own is None else ("caught" if own else "**missed**")]
         )
         lines.append(f"| {i} | {m.module} | {m.loss} | {m.what} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
