@@ -204,6 +204,9 @@ def jax_array(array: np.ndarray, dtype: str, device: Any):
 
 _compiled_cache: dict = {}
 
+# torch.compile's options for the compiled mode (dynamic=False: the shapes the cases use)
+COMPILE_OPTIONS: dict = {"dynamic": False}
+
 # recompilations allowed per compiled function (dynamic=False: one per shape and option set);
 # beyond it torch.compile would fall back to eager silently, here it is a compile failure
 RECOMPILE_LIMIT = 128
@@ -290,7 +293,7 @@ def run_torch(impl: Implementation, prep: Prepared, device: str, compiled: bool)
         _set_torch_compile_limits()
         key = ("torch", id(impl.fn))
         if key not in _compiled_cache:
-            _compiled_cache[key] = torch.compile(impl.fn, dynamic=False)
+            _compiled_cache[key] = torch.compile(impl.fn, **COMPILE_OPTIONS)
         fn = _compiled_cache[key]
     x = torch_array(logits, prep.dtype, device).requires_grad_(True)
     t = torch_array(targets, prep.dtype, device)

@@ -52,9 +52,9 @@ def canonical(name: object, argument: str = "devices") -> str:
         return ALL
     match = _NAME.match(text) if text is not None else None
     if match is None:
+        what = f"`{argument}` entries" if argument.endswith("s") else f"`{argument}`"
         raise ValueError(
-            f"`{argument}` entries must be 'cpu', 'gpu:N' (alias 'cuda:N') or 'all'. "
-            f"Received: {name!r}."
+            f"{what} must be 'cpu', 'gpu:N' (alias 'cuda:N') or 'all'. Received: {name!r}."
         )
     kind, index = match.group(1), int(match.group(2) or 0)
     if kind == "cpu":
@@ -250,10 +250,15 @@ def device_object(backend: str, name: str) -> Any:
     return found[index(name)]
 
 
-def poisons_on_assert(name: str) -> bool:
-    """True where a device-side assert (a gather with an index out of range) makes every later
-    call in the process fail: CUDA devices."""
-    return is_gpu(name)
+def test_devices(backends=BACKENDS) -> list[str]:
+    """`cpu` and every GPU any installed backend sees: the parameters of device-parametrized
+    tests (a test of one backend skips a GPU that backend lacks; ``doctor`` flags that)."""
+    installed = [b for b in backends if importlib.util.find_spec(b) is not None]
+    start(installed)
+    names = ["cpu"]
+    for b in installed:
+        names += [n for n in visible(b) if is_gpu(n) and n not in names]
+    return names
 
 
 # ----------------------------------------------------------------------------------------------
@@ -396,9 +401,11 @@ def doctor(backends=BACKENDS) -> tuple[list[str], bool]:
             import torch
 
             extra = f", CUDA build {torch.version.cuda or 'none'}"
-            if gpu_count("torch"):
+            try:
                 names = [torch.cuda.get_device_name(i) for i in range(gpu_count("torch"))]
-                extra += f", {'; '.join(names)}"
+                extra += f", {'; '.join(names)}" if names else ""
+            except (RuntimeError, AssertionError):  # a CPU-only build
+                pass
         else:
             import jax
 
