@@ -67,6 +67,19 @@ products, the final rounding to the output dtype) that each contribute up to u, 
 for library functions that are accurate to 1-2 ULP rather than 0.5. It is the same for every dtype,
 loss and input region: there is no per-case fudge.
 
+Accelerators (docs/devices.md). The bound is the same on every device; nothing is loosened per
+device. GPU ``exp``, ``log``, ``log1p``, ``expm1`` differ from the CPU's by a few ULP (CUDA's
+float32 maximum errors are 1-2 ULP for these, XLA:GPU may use its own approximations; ``pow`` is
+up to ~4 ULP, which is why the losses form powers as ``exp(g * log(1 - p))``), and the factor ~2
+in K is what absorbs them: a GPU result that needs more fails there and is reported for that
+device. Inputs reach every device bit for bit, so such a failure is the device's arithmetic, not
+the data. Reductions on a GPU may sum in a different order from run to run (XLA:GPU tree shapes,
+atomics in torch's scatter/index_add backward): the class-sum term (n - 1) u sum |terms| holds for
+every summation order, and each run is judged on its own, so an order-dependent result passes or
+fails on its own merit; differences between runs, devices and modes are diagnostics only. Matmul
+precision is pinned for judged runs (no TF32: ``allow_tf32=False``, JAX ``highest``): a TF32 dot
+has u = 2**-11 and would fail this float32 bound by design, which is the point.
+
 Two standards (DESIGN.md section 8), chosen by ``judge(..., standard=...)``:
 
 * ``"ours"``: the bound above, for dualloss's own backends (a shift-first log-space algorithm).
