@@ -47,7 +47,7 @@ LIMITS = {
     "graph_breaks": 60,
     "assert_poisoning": 60,
     "benchmark": 60,
-    "device_tests": 120,
+    "device_tests": 180,
 }
 TOTAL_SECONDS = 600
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
