@@ -190,7 +190,9 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     `alpha`, ones if None).
     """
     _not_torch(logits=logits, targets=targets, weight=weight, alpha=alpha, where=where)
-    targets_on_host = _on_host(targets)
+    # host data is checked as it came (converted, it may already sit on an accelerator)
+    host_targets = targets if _on_host(targets) else None
+    host_alpha = alpha if _on_host(alpha) else None
     logits = _as_array(logits)
     targets = _as_array(targets)
     _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
@@ -205,8 +207,8 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     _checks.softmax_targets(kind, targets.shape, targets.dtype, logits.shape, axis)
     ignore_index = _checks.ignore_index(ignore_index)
     label_smoothing = _scalar_option("label_smoothing", label_smoothing)
-    if kind == "index" and _is_concrete(targets) and targets_on_host:
-        _checks.class_indices(np.asarray(targets), num_classes, ignore_index)
+    if kind == "index" and _is_concrete(targets) and host_targets is not None:
+        _checks.class_indices(np.asarray(host_targets), num_classes, ignore_index)
     elif kind == "index":
         # traced, or concrete on an accelerator (no host copy): NaN, and checkify's error
         _check_traced_indices(targets, num_classes, ignore_index)
@@ -217,7 +219,7 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         alpha = alpha if np.isscalar(alpha) else _as_array(alpha)
         _checks.focal_alpha(alpha, num_classes)
         if _is_concrete(alpha):
-            _check_alpha_values(alpha)
+            _check_alpha_values(alpha if host_alpha is None else host_alpha)
         else:
             # traced: NaN where an entry is outside [0, 1] (checkify reports it)
             ok = (alpha >= 0.0) & (alpha <= 1.0)
