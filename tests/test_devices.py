@@ -617,3 +617,16 @@ def test_parity_report_json_has_devices_and_untested(tmp_path):
     data = json.loads((tmp_path / "p.json").read_text())
     assert data["config"]["devices"] == ["cpu"] and data["untested"] == []
     assert data["config"]["precision"]["torch.backends.cuda.matmul.allow_tf32"] is False
+
+
+def test_jax_checks_host_data_as_it_came_not_after_conversion(monkeypatch):
+    """With every JAX array treated as accelerator data, NumPy targets and alpha are still
+    checked on the host, from the NumPy arrays themselves (no device-to-host copy)."""
+    seen = []
+    monkeypatch.setattr(jax_impl, "_on_host", lambda x: not isinstance(x, jax.Array))
+    monkeypatch.setattr(jax_impl, "_check_alpha_values", lambda alpha: seen.append(type(alpha)))
+    logits = jax.numpy.zeros((3, 4))
+    with pytest.raises(ValueError, match=r"`targets` has class index 9 at position \(1,\)"):
+        jax_impl.softmax_cross_entropy(logits, np.array([0, 9, 1]))
+    jax_impl.softmax_focal_loss(logits, np.array([0, 1, 2]), alpha=np.full(4, 0.25))
+    assert seen == [np.ndarray]
