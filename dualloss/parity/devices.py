@@ -391,7 +391,10 @@ def doctor(backends=BACKENDS) -> tuple[list[str], bool]:
         if b not in installed:
             lines.append(f"{b}: NOT INSTALLED (pip install dualloss[{b}])")
             ok = False
+    preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE")
     notes = start(installed)
+    if preallocate is None and "XLA_PYTHON_CLIENT_PREALLOCATE" in os.environ:
+        notes.append("XLA_PYTHON_CLIENT_PREALLOCATE=false set here: torch shares the process")
     lines.append("import order: " + " then ".join(b for b in ("jax", "torch") if b in installed))
     seen = {}
     for b in installed:
