@@ -8,10 +8,14 @@
 
 Time: candidate (dualloss) and peer run in the same process on the same inputs, interleaved: each
 repetition times one forward+backward of each, alternating which goes first. The table reports the
-median of each and the ratio of the medians (below 1: dualloss is faster). torch runs eagerly on
-CUDA when available, else CPU (``torch.cuda.synchronize`` around each timing on CUDA); JAX times a
-jitted ``value_and_grad`` on its default backend, compiled before timing, with
-``block_until_ready``.
+median of each and the ratio of the medians (below 1: dualloss is faster). ``--device`` (``cpu`` or
+``gpu:N``, alias ``cuda:N``; default ``gpu:0`` when a GPU is present, else ``cpu``) applies to
+both frameworks: torch runs eagerly there (``torch.cuda.synchronize`` of that device around each
+timing); JAX times a jitted ``value_and_grad`` with its inputs placed there, compiled before
+timing, with ``block_until_ready``. JAX is imported before torch and, when both share a GPU, does
+not preallocate (``XLA_PYTHON_CLIENT_PREALLOCATE=false``). Device memory: torch's
+``max_memory_allocated`` over one forward+backward beyond what was allocated before it, and the
+JAX device's ``memory_stats()`` peak, both as multiples of the logits' bytes (GPU only).
 
 Memory: for torch, the bytes autograd keeps alive between forward and backward, i.e. every tensor
 saved for backward (``torch.autograd.graph.saved_tensors_hooks``, plus tensors a custom
@@ -45,6 +49,7 @@ import numpy as np
 
 from benchmarks import peers
 from dualloss.losses import get as loss_info
+from dualloss.parity import devices as D
 
 DEFAULT_SHAPES = ((4096, 1000), (512, 32000), (65536, 10))
 TINY_SHAPES = ((64, 10), (16, 100))
@@ -105,6 +110,8 @@ class MemoryRow:
     peer_stats: dict[str, float | bool | int]
     target: float | None = None
     status: str = ""
+    # on a GPU: peak device memory of one forward+backward, multiples of the logits' bytes
+    device_peak: dict[str, float] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -154,12 +161,17 @@ def interleave(
 # ----------------------------------------------------------------------------------------------
 
 
-def torch_device(requested: str) -> str:
-    import torch
+def device_name(requested: str, frameworks=("torch", "jax")) -> str:
+    """The canonical device ('cpu', 'gpu:N') for `requested` ('auto': gpu:0 when a framework
+    sees a GPU, else cpu); a device a framework lacks raises ``devices.DeviceError``."""
+    wanted = None if requested == "auto" else [requested]
+    names = D.resolve(frameworks, wanted)
+    return names[-1] if requested == "auto" else names[0]
 
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
+
+def torch_device(requested: str) -> str:
+    """The torch device string ('cpu', 'cuda:N') for a device name or 'auto'."""
+    return D.torch_name(device_name(requested, ("torch",)))
 
 
 def _torch_tensors(loss: str, shape, device: str, seed: int = 0):
@@ -179,11 +191,11 @@ def _torch_step(fn: Callable, logits, targets, device: str) -> Callable[[], floa
     def step() -> float:
         logits.grad = None
         if cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)  # that device, not the current one
         start = time.perf_counter()
         fn(logits, targets).backward()
         if cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
         return (time.perf_counter() - start) * 1e3
 
     return step
@@ -254,8 +266,28 @@ def torch_saved_bytes(fn: Callable, logits, targets) -> dict[str, float | bool |
     return result
 
 
+def torch_peak(fn: Callable, logits, targets, device: str) -> dict[str, float]:
+    """``max_memory_allocated`` during one forward+backward beyond what was allocated before
+    (the N x C temporaries included), as a multiple of the logits' bytes; {} off the GPU."""
+    name = D.canonical(device)
+    if not D.is_gpu(name):
+        return {}
+    import torch
+
+    logits.grad = None
+    D.synchronize("torch", name)
+    before = torch.cuda.memory_allocated(device)
+    D.reset_peak_memory("torch", name)
+    fn(logits, targets).backward()
+    D.synchronize("torch", name)
+    peak = D.peak_memory("torch", name)["max_memory_allocated"]
+    return {"max_allocated": (peak - before) / (logits.numel() * logits.element_size())}
+
+
 def bench_torch(losses, shapes, device, reps, warmup, candidates, peer_fns, log, errors=None):
     errors = [] if errors is None else errors
+    label = D.canonical("gpu" + device[4:] if device.startswith("cuda") else device)
+    device = D.torch_name(label)
     time_rows, memory_rows = [], []
     for shape in shapes:
         for loss in losses:
@@ -279,7 +311,7 @@ def bench_torch(losses, shapes, device, reps, warmup, candidates, peer_fns, log,
                     "torch",
                     loss,
                     tuple(shape),
-                    device,
+                    label,
                     peers.PEER_NAMES["torch", loss],
                     c_med,
                     p_med,
@@ -295,11 +327,15 @@ def bench_torch(losses, shapes, device, reps, warmup, candidates, peer_fns, log,
                     "torch",
                     loss,
                     tuple(shape),
-                    device,
+                    label,
                     peers.PEER_NAMES["torch", loss],
                     logits.numel() * logits.element_size(),
                     torch_saved_bytes(candidates[loss], logits, targets),
                     torch_saved_bytes(peer_fns[loss], logits, targets),
+                    device_peak=_pair(
+                        torch_peak(candidates[loss], logits, targets, device),
+                        torch_peak(peer_fns[loss], logits, targets, device),
+                    ),
                 )
             )
             del logits, targets
@@ -335,19 +371,38 @@ def jax_memory(jitted, logits, targets) -> dict[str, float | bool | int]:
     return result
 
 
-def bench_jax(losses, shapes, reps, warmup, candidates, peer_fns, log, errors=None):
+def _pair(candidate: dict, peer: dict) -> dict[str, float]:
+    return {f"{side}_{k}": v for side, d in (("dualloss", candidate), ("peer", peer))
+            for k, v in d.items()}  # fmt: skip
+
+
+def jax_peak(jitted, logits, targets, device: str) -> dict[str, float]:
+    """The device's peak bytes in use (``memory_stats``; the process's peak so far, JAX cannot
+    reset it) after one call, as a multiple of the logits' bytes; {} where not reported."""
+    import jax
+
+    jax.block_until_ready(jitted(logits, targets))
+    stats = D.peak_memory("jax", device)
+    if not stats or "peak_bytes_in_use" not in stats:
+        return {}
+    return {"peak_in_use": stats["peak_bytes_in_use"] / (logits.size * logits.dtype.itemsize)}
+
+
+def bench_jax(
+    losses, shapes, reps, warmup, candidates, peer_fns, log, errors=None, device: str = "cpu"
+):
     errors = [] if errors is None else errors
     import jax
-    import jax.numpy as jnp
 
-    device = jax.devices()[0].platform
+    device = D.canonical(device)
+    placed = D.device_object("jax", device)
     time_rows, memory_rows = [], []
     for shape in shapes:
         for loss in losses:
             logits_np, targets_np = make_inputs(loss, shape)
-            logits = jnp.asarray(logits_np)
-            targets = jnp.asarray(
-                targets_np.astype(np.int32) if loss_info(loss).is_softmax else targets_np
+            logits = jax.device_put(logits_np, placed)
+            targets = jax.device_put(
+                targets_np.astype(np.int32) if loss_info(loss).is_softmax else targets_np, placed
             )
             cand = jax.jit(jax.value_and_grad(candidates[loss]))
             peer = jax.jit(jax.value_and_grad(peer_fns[loss]))
@@ -389,6 +444,10 @@ def bench_jax(losses, shapes, reps, warmup, candidates, peer_fns, log, errors=No
                     logits.size * logits.dtype.itemsize,
                     jax_memory(cand, logits, targets),
                     jax_memory(peer, logits, targets),
+                    device_peak=_pair(
+                        jax_peak(cand, logits, targets, device),
+                        jax_peak(peer, logits, targets, device),
+                    ),
                 )
             )
     return time_rows, memory_rows
@@ -481,6 +540,24 @@ def memory_table(rows: list[MemoryRow]) -> str:
                 f"| {r.loss} | {_shape(r.shape)} | {_fmt_jax_mem(r.dualloss)} | {r.peer} "
                 f"| {_fmt_jax_mem(r.peer_stats)} |"
             )
+    peaks = [r for r in rows if r.device_peak]
+    if peaks:
+        lines += [
+            "",
+            "Device memory, one forward+backward (torch: max_memory_allocated beyond the inputs;"
+            " JAX: the device's peak bytes in use so far), multiples of the logits' bytes:",
+            "",
+            "| framework | loss | N x C | device | dualloss | peer |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in peaks:
+            ours = ", ".join(f"{k[9:]} {v:.2f}x" for k, v in r.device_peak.items()
+                             if k.startswith("dualloss_"))  # fmt: skip
+            theirs = ", ".join(f"{k[5:]} {v:.2f}x" for k, v in r.device_peak.items()
+                               if k.startswith("peer_"))  # fmt: skip
+            lines.append(
+                f"| {r.framework} | {r.loss} | {_shape(r.shape)} | {r.device} | {ours} | {theirs} |"
+            )
     return "\n".join(lines)
 
 
@@ -511,7 +588,7 @@ def machine_line(time_rows: list[TimeRow]) -> str:
 
         parts.append(f"torch {torch.__version__} ({torch.get_num_threads()} threads)")
         if torch.cuda.is_available():
-            parts.append(torch.cuda.get_device_name())
+            parts.append(torch.cuda.get_device_name())  # gpu:0
     except ImportError:
         pass
     try:
@@ -711,7 +788,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=int, help="untimed repetitions first (default 3)")
     parser.add_argument(
-        "--device", default="auto", help="torch device: auto (cuda if present), cpu, cuda"
+        "--device",
+        default="auto",
+        help="cpu or gpu:N (alias cuda:N) for both frameworks (default auto: gpu:0 if present)",
     )
     parser.add_argument(
         "--threads",
@@ -740,6 +819,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.quiet:
             print(message, file=sys.stderr, flush=True)
 
+    if "jax" in frameworks and args.threads == 1 and "jax" not in sys.modules:
+        # XLA:CPU, before jax is imported: no intra-op thread pool
+        flags = os.environ.get("XLA_FLAGS", "")
+        os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
+    try:
+        D.start(frameworks)  # JAX before torch; no JAX preallocation when torch shares the GPU
+        name = device_name(args.device, frameworks)
+    except ValueError as error:
+        parser.error(str(error))
+    log(f"device: {name}")
+
     time_rows: list[TimeRow] = []
     memory_rows: list[MemoryRow] = []
     profiles = []
@@ -749,7 +839,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         if args.threads:
             torch.set_num_threads(args.threads)
-        device = torch_device(args.device)
+        device = D.torch_name(name)
         candidates, peer_fns = peers.torch_candidates(), peers.torch_peers()
         t, m = bench_torch(losses, shapes, device, reps, warmup, candidates, peer_fns, log, errors)
         time_rows += t
@@ -757,12 +847,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.profile:
             profiles.append(profile_torch(losses, shapes[0], device, candidates, peer_fns))
     if "jax" in frameworks:
-        if args.threads == 1 and "jax" not in sys.modules:
-            # XLA:CPU, before jax is imported: no intra-op thread pool
-            flags = os.environ.get("XLA_FLAGS", "")
-            os.environ["XLA_FLAGS"] = f"{flags} --xla_cpu_multi_thread_eigen=false".strip()
         candidates, peer_fns = peers.jax_candidates(), peers.jax_peers()
-        t, m = bench_jax(losses, shapes, reps, warmup, candidates, peer_fns, log, errors)
+        t, m = bench_jax(losses, shapes, reps, warmup, candidates, peer_fns, log, errors, name)
         time_rows += t
         memory_rows += m
         if args.profile:

@@ -121,6 +121,42 @@ def class_indices(targets: np.ndarray, num_classes: int, ignore_index: int) -> N
         )
 
 
+def validation_mode(setting: object) -> bool | str:
+    """The value-check setting (``DUALLOSS_VALIDATE_INDICES`` or ``set_validate_indices``):
+    False (off), True (exact checks where values are on the host, asynchronous device checks
+    elsewhere), or 'sync' (exact checks everywhere: one host synchronisation per call)."""
+    if isinstance(setting, str):
+        text = setting.strip().lower()
+        if text in ("0", "false", "off", "no"):
+            return False
+        if text in ("1", "true", "on", "yes", ""):
+            return True
+        if text == "sync":
+            return "sync"
+    elif isinstance(setting, bool):
+        return setting
+    raise ValueError(
+        "`validate` must be True, False or 'sync' (DUALLOSS_VALIDATE_INDICES: 1, 0 or sync). "
+        f"Received: {setting!r}."
+    )
+
+
+def class_indices_device_message(num_classes: int, ignore_index: int) -> str:
+    """The device-side (asynchronous) form of the `class_indices` error: no value, no position
+    (reading them would synchronise the device)."""
+    return (
+        f"`targets` has a class index outside [0, {num_classes}) and not "
+        f"ignore_index={ignore_index} (checked on the device; DUALLOSS_VALIDATE_INDICES=sync "
+        "gives its position)."
+    )
+
+
+UNIT_INTERVAL_DEVICE_MESSAGE = (
+    "`alpha` must have every entry in [0, 1] (checked on the device; "
+    "DUALLOSS_VALIDATE_INDICES=sync gives the entry)."
+)
+
+
 def class_vector(name: str, shape: Sequence[int], num_classes: int) -> None:
     """`weight` or vector `alpha`: one entry per class."""
     shape = _shape(shape)

@@ -21,7 +21,10 @@ mostly ``np.`` against ``jnp.``. What differs:
   derivative (the ``0 log 0 = 0`` convention extended, so masked classes never give inf).
 * Index targets without label smoothing take a gather path: the class sums of the spec collapse
   to the target class, so no N x C one-hot is formed (same formulas, same accuracy).
-* Bad input: eager calls raise the ``_checks`` errors of the spec. Inside ``jit`` the class
+* Bad input: eager calls raise the ``_checks`` errors of the spec, except that class indices
+  already on an accelerator are not copied to the host to be checked (they are handled as under
+  ``jit``; ``DUALLOSS_VALIDATE_INDICES=sync`` checks them exactly) and a vector ``alpha`` on an
+  accelerator is copied once per array, not per call. Inside ``jit`` the class
   indices are not concrete: an index outside [0, C) (other than ``ignore_index``) gives a NaN loss
   and NaN gradient for its element, and ``checkify.checkify(f, errors=checkify.user_checks)``
   turns it into an error with the spec's message.
@@ -45,6 +48,8 @@ functions as in ``dualloss.optax`` (which also has ``softmax_cross_entropy`` and
 
 from __future__ import annotations
 
+import os
+import weakref
 from typing import Any
 
 import jax
@@ -129,6 +134,36 @@ def _scalar_option(name, value):
     return value + jnp.where(ok, 0.0, jnp.nan).astype(value.dtype)
 
 
+_SYNC_CHECKS = os.environ.get("DUALLOSS_VALIDATE_INDICES", "").strip().lower() == "sync"
+
+
+def _on_host(x) -> bool:
+    """True where reading the values of `x` costs no device-to-host copy: a NumPy array, a Python
+    value, a JAX array on the CPU (or anything with ``DUALLOSS_VALIDATE_INDICES=sync``)."""
+    if _SYNC_CHECKS or not isinstance(x, jax.Array) or not _is_concrete(x):
+        return True
+    return all(device.platform == "cpu" for device in x.devices())
+
+
+# concrete vector `alpha` arrays already checked (JAX arrays are immutable): id -> weak reference
+_CHECKED_ALPHA: dict[int, Any] = {}
+
+
+def _check_alpha_values(alpha) -> None:
+    """A concrete `alpha` in [0, 1]; an accelerator array goes to the host once, not per call."""
+    if _on_host(alpha):
+        _checks.unit_interval_values("alpha", np.atleast_1d(alpha))
+        return
+    entry = _CHECKED_ALPHA.get(id(alpha))
+    if entry is not None and entry() is alpha:
+        return
+    with jax.transfer_guard("allow"):  # the one deliberate copy
+        _checks.unit_interval_values("alpha", np.atleast_1d(np.asarray(alpha)))
+    if len(_CHECKED_ALPHA) > 64:
+        _CHECKED_ALPHA.clear()
+    _CHECKED_ALPHA[id(alpha)] = weakref.ref(alpha)
+
+
 def _check_traced_indices(targets, num_classes, ignore_index):
     """The `_checks.class_indices` error for traced targets, raised by `checkify` when enabled."""
     bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
@@ -155,6 +190,9 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     `alpha`, ones if None).
     """
     _not_torch(logits=logits, targets=targets, weight=weight, alpha=alpha, where=where)
+    # host data is checked as it came (converted, it may already sit on an accelerator)
+    host_targets = targets if _on_host(targets) else None
+    host_alpha = alpha if _on_host(alpha) else None
     logits = _as_array(logits)
     targets = _as_array(targets)
     _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
@@ -169,9 +207,10 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     _checks.softmax_targets(kind, targets.shape, targets.dtype, logits.shape, axis)
     ignore_index = _checks.ignore_index(ignore_index)
     label_smoothing = _scalar_option("label_smoothing", label_smoothing)
-    if kind == "index" and _is_concrete(targets):
-        _checks.class_indices(np.asarray(targets), num_classes, ignore_index)
+    if kind == "index" and _is_concrete(targets) and host_targets is not None:
+        _checks.class_indices(np.asarray(host_targets), num_classes, ignore_index)
     elif kind == "index":
+        # traced, or concrete on an accelerator (no host copy): NaN, and checkify's error
         _check_traced_indices(targets, num_classes, ignore_index)
     if weight is not None:
         weight = _as_array(weight)
@@ -180,7 +219,7 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         alpha = alpha if np.isscalar(alpha) else _as_array(alpha)
         _checks.focal_alpha(alpha, num_classes)
         if _is_concrete(alpha):
-            _checks.unit_interval_values("alpha", np.atleast_1d(alpha))
+            _check_alpha_values(alpha if host_alpha is None else host_alpha)
         else:
             # traced: NaN where an entry is outside [0, 1] (checkify reports it)
             ok = (alpha >= 0.0) & (alpha <= 1.0)

@@ -44,14 +44,18 @@ logits (3e38, -3e38) and the target on the second class, the exact loss 6e38 exc
 range, and ``z - z_top`` rounds to -inf, so the loss is +inf (never NaN); with the target on the
 first class it is 0. Float16/bfloat16 inputs never reach this (their range is far inside float32's).
 
-Index validation: checking that class indices lie in [0, C) (and that a vector ``alpha`` lies in
-[0, 1]) reads tensor values, which forces a device synchronisation on GPUs. It is on by default
-(eager calls raise the same ``_checks`` message as the spec). Turn it off with the environment
-variable ``DUALLOSS_VALIDATE_INDICES=0``, globally with ``set_validate_indices(False)``, or for a
-block with ``with set_validate_indices(False): ...``. It is skipped under ``torch.func`` transforms
-when the targets are batched (their values are not concrete there) and under ``torch.compile``
-(no host read, no graph break: ``fullgraph=True`` works). Unchecked out-of-range indices
-are undefined behaviour, as in ``torch.gather`` (an error on CPU, a device assert on CUDA).
+Index validation: class indices in [0, C) (and a vector ``alpha`` in [0, 1]) are checked by
+default. On the CPU eager calls raise the same ``_checks`` message as the spec; on an accelerator
+the check is an asynchronous device assertion (``torch._assert_async``: no host synchronisation,
+the error surfaces at the next sync, as with torch's own losses), and a vector ``alpha`` is
+checked once per tensor (docs/devices.md has the table). ``DUALLOSS_VALIDATE_INDICES=sync`` (or
+``set_validate_indices('sync')``) gives the exact message on every device at one sync per call.
+Turn the checks off with ``DUALLOSS_VALIDATE_INDICES=0``, globally with
+``set_validate_indices(False)``, or for a block with ``with set_validate_indices(False): ...``.
+It is skipped under ``torch.func`` transforms when the targets are batched (their values are
+not concrete there) and under ``torch.compile`` (no host read, no graph break:
+``fullgraph=True`` works). Unchecked out-of-range indices are undefined behaviour, as in
+``torch.gather`` (an error on CPU, a device assert on CUDA).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -82,22 +87,25 @@ __all__ = [
 
 ArrayLike = Any
 
-_VALIDATE_INDICES = os.environ.get("DUALLOSS_VALIDATE_INDICES", "1") != "0"
+_VALIDATE_INDICES = _checks.validation_mode(os.environ.get("DUALLOSS_VALIDATE_INDICES", "1"))
 
 
 class set_validate_indices:
     """Turns the index-range (and vector `alpha`) value checks on or off; returns to the previous
-    setting when used as a context manager, like ``torch.set_grad_enabled``.
+    setting when used as a context manager, like ``torch.set_grad_enabled``. True (the default):
+    exact checks on the CPU, asynchronous device assertions on accelerators (no host sync);
+    ``'sync'``: exact checks (value and position) everywhere, one host sync per call.
 
     >>> set_validate_indices(False)      # from now on  # doctest: +SKIP
     >>> with set_validate_indices(False):  # for a block  # doctest: +SKIP
     ...     loss = softmax_cross_entropy(logits, targets)
     """
 
-    def __init__(self, enabled: bool) -> None:
+    def __init__(self, enabled: bool | str) -> None:
         global _VALIDATE_INDICES
+        mode = _checks.validation_mode(enabled)
         self.previous = _VALIDATE_INDICES
-        _VALIDATE_INDICES = bool(enabled)
+        _VALIDATE_INDICES = mode
 
     def __enter__(self) -> None:
         return None
@@ -163,6 +171,45 @@ def _values_are_concrete(x: Tensor) -> bool:
     return is_wrapped is None or not is_wrapped(x)
 
 
+def _reads_on_host(x: Tensor) -> bool:
+    """True where a value check may read `x` on the host: it is on the CPU (no synchronisation),
+    or the user asked for exact checks everywhere (``set_validate_indices('sync')``)."""
+    return x.device.type == "cpu" or _VALIDATE_INDICES == "sync"
+
+
+def _check_class_indices(targets: Tensor, num_classes: int, ignore_index: int) -> None:
+    """Indices in [0, C) or ignore_index: the exact ``_checks`` error where values are on the
+    host; on an accelerator an asynchronous device assertion (no host sync; it fails the way
+    torch's own ``cross_entropy`` does, at the next synchronisation)."""
+    bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
+    if _reads_on_host(targets):
+        if bool(bad.any()):
+            _checks.class_indices(targets.cpu().numpy(), num_classes, ignore_index)
+        return
+    torch._assert_async(~bad.any(), _checks.class_indices_device_message(num_classes, ignore_index))
+
+
+# vector `alpha` tensors already checked: id -> (weak reference, version when checked)
+_CHECKED_ALPHA: dict[int, tuple[Any, int]] = {}
+
+
+def _check_alpha_values(alpha: Tensor) -> None:
+    """Every entry of a vector `alpha` in [0, 1], checked once per tensor (again after an
+    in-place change, which bumps its version): the exact error on the host, an asynchronous
+    device assertion on an accelerator."""
+    entry = _CHECKED_ALPHA.get(id(alpha))
+    if entry is not None and entry[0]() is alpha and entry[1] == alpha._version:
+        return
+    if _reads_on_host(alpha):
+        _checks.unit_interval_values("alpha", alpha.detach().double().cpu().numpy().ravel())
+    else:
+        ok = ((alpha >= 0.0) & (alpha <= 1.0)).all()
+        torch._assert_async(ok, _checks.UNIT_INTERVAL_DEVICE_MESSAGE)
+    if len(_CHECKED_ALPHA) > 64:
+        _CHECKED_ALPHA.clear()
+    _CHECKED_ALPHA[id(alpha)] = (weakref.ref(alpha), alpha._version)
+
+
 def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where):
     """Validates the softmax arguments (the checking half of ``spec._softmax_inputs``).
 
@@ -190,10 +237,7 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     ignore_index = _checks.ignore_index(ignore_index)
     label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
     if kind == "index" and _VALIDATE_INDICES and _values_are_concrete(targets):
-        # one device synchronisation; see the module docstring to skip it
-        bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
-        if bool(bad.any()):
-            _checks.class_indices(targets.cpu().numpy(), num_classes, ignore_index)
+        _check_class_indices(targets, num_classes, ignore_index)
     if kind == "index":
         # gather and indexing take int64 (a uint8 index tensor would even be read as a mask)
         targets = targets.long()
@@ -210,7 +254,7 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
             and _VALIDATE_INDICES
             and _values_are_concrete(alpha)
         ):
-            _checks.unit_interval_values("alpha", alpha.detach().double().cpu().numpy().ravel())
+            _check_alpha_values(alpha)
     if where is not None:
         where = _as_array("where", where, logits.device)
         is_bool = where.dtype == torch.bool

@@ -22,3 +22,12 @@ settings.register_profile(
 # Local bug hunting: HYPOTHESIS_PROFILE=dev python -m pytest tests/test_spec_properties.py
 settings.register_profile("dev", max_examples=500, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_generate_tests(metafunc):
+    """`device`: every device a test may run on, CPU here and every GPU where present
+    (``dualloss.parity.devices.test_devices``; JAX is started before torch)."""
+    if "device" in metafunc.fixturenames:
+        from dualloss.parity import devices
+
+        metafunc.parametrize("device", devices.test_devices())

@@ -74,6 +74,8 @@ BACKEND_EXTRAS = {
         "_at", "_softmax_focal_terms_at", "_softmax_cross_entropy_terms_at",
         # closed-form tangents along the targets and alpha
         "_sigmoid_focal_other_tangent",
+        # value checks without a host copy of accelerator data (docs/devices.md)
+        "_on_host", "_check_alpha_values",
     },
     "torch_impl": {
         # dtypes, index validation and functorch
@@ -92,6 +94,8 @@ BACKEND_EXTRAS = {
         "_sigmoid_minus_target",
         # the deprecated size_average/reduce arguments of the torch drop-ins
         "_legacy_reduction",
+        # value checks without a host sync on accelerators (docs/devices.md)
+        "_reads_on_host", "_check_class_indices", "_check_alpha_values",
     },
 }  # fmt: skip
 # what the spec has that a backend does not: the judge's per-element intermediates, and the

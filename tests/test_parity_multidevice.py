@@ -1,4 +1,5 @@
-"""The multi-device path: JAX with two forced host devices, in a subprocess."""
+"""The multi-device path: JAX with two forced host devices, in a subprocess (``--devices all``;
+the default is the CPU plus the first GPU)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,11 @@ from dualloss.parity import runner, backends as B
 from dualloss.parity.peers import optax_sigmoid_bce
 impl = optax_sigmoid_bce()
 res = runner.run_matrix([impl], dtypes=["float32"], regions=["typical", "confident_correct"],
-                        progress=False)
+                        devices=["all"], progress=False)
 print(json.dumps({"devices": sorted({r.device for r in res.records}), "ok": res.ok,
                   "pairs": [d["pair"] for d in res.diagnostics],
-                  "labels": [label for label, _ in B.devices_for("jax")]}))
+                  "labels": [label for label, _ in B.devices_for("jax", ["all"])],
+                  "default": [label for label, _ in B.devices_for("jax")]}))
 """
 
 
@@ -32,6 +34,7 @@ def test_every_jax_device_is_judged_and_compared():
                          text=True, timeout=300)  # fmt: skip
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    assert data["devices"] == ["cpu:0", "cpu:1"]
+    assert data["devices"] == ["cpu", "cpu:1"] == data["labels"]  # every device: opt-in
+    assert data["default"] == ["cpu"]
     assert data["ok"]
-    assert any("cpu:0" in p and "cpu:1" in p for p in data["pairs"])
+    assert any("/cpu/" in p and "/cpu:1/" in p for p in data["pairs"])

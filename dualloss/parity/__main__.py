@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import os
 import sys
 
@@ -54,7 +55,8 @@ def _parser() -> argparse.ArgumentParser:
         "--devices",
         type=_csv,
         default=None,
-        help="e.g. cpu,cuda:0,gpu:1 (default: every device each framework sees)",
+        help="cpu, gpu:N (alias cuda:N) or all (default: cpu and gpu:0 when a GPU is present;"
+        " every device must exist for every backend, else exit 2)",
     )
     run.add_argument(
         "--dtypes",
@@ -93,6 +95,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--only-peers", action="store_true", help="measure the peers only")
     run.add_argument("--no-jit", action="store_true", help="JAX eager mode only")
     run.add_argument("--compile", action="store_true", help="torch.compile also with --quick")
+    run.add_argument(
+        "--compile-budget",
+        type=float,
+        default=900.0,
+        metavar="SECONDS",
+        help="time allowed for torch.compile calls in all (default 900); past it the compiled"
+        " mode is reported untested",
+    )
     run.add_argument(
         "--report",
         metavar="DIR",
@@ -153,7 +163,7 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--skip", type=_csv, default=[], help="comma-separated regions to leave out (rarely needed)"
     )
-    check.add_argument("--device", default=None, help="e.g. cuda:0 (default: the first)")
+    check.add_argument("--device", default=None, help="cpu (the default) or gpu:N (alias cuda:N)")
     check.add_argument("--jit", action="store_true", help="JAX: wrap the candidate in jax.jit")
     check.add_argument(
         "--standard",
@@ -169,12 +179,33 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--stop-at-first", action="store_true", help="stop after the first dtype that fails"
     )
+
+    doctor = sub.add_parser(
+        "doctor",
+        help="frameworks, versions, devices, Triton, matmul precision",
+        description="Print the frameworks and their versions, the devices each sees (JAX "
+        "started before torch, as the suite does), Triton, and the matmul precision settings. "
+        "Exit status 1 when a framework is missing or the two disagree about the GPUs.",
+    )
+    doctor.add_argument("--backends", type=_csv, default=["torch", "jax"],
+                        help="frameworks to inspect (default: torch,jax)")  # fmt: skip
+
+    smoke = sub.add_parser(
+        "smoke",
+        help="the GPU smoke test: a PASS/FAIL line per step, at most ~10 minutes",
+        description="doctor; every loss on the GPU in float32/bfloat16/float64 with sync and "
+        "transfer guards on; a parity slice with torch.compile; graph breaks; the device-assert "
+        "poisoning check; a quick benchmark with memory; the device tests. Without a GPU the CPU "
+        "steps run and the GPU steps are listed as NEEDS GPU. Exit status 1 on any FAIL.",
+    )
+    smoke.add_argument("--device", default="gpu:0", help="the GPU to test (default gpu:0)")
+    smoke.add_argument("--skip", type=_csv, default=[], help="comma-separated steps to leave out")
     return parser  # fmt: skip
 
 
 def _run(args, parser) -> int:
     from . import backends as B
-    from . import report, runner
+    from . import devices, report, runner
 
     for name, values, allowed in (("--backends", args.backends, B.BACKENDS),
                                   ("--dtypes", args.dtypes, B.DTYPES),
@@ -183,30 +214,27 @@ def _run(args, parser) -> int:
         bad = [v for v in values if v not in allowed]
         if bad:
             parser.error(f"{name} must be among {', '.join(allowed)}. Received: {','.join(bad)}.")
-    missing = []
-    for backend in args.backends:
-        try:
-            __import__(backend)
-        except ImportError:
-            missing.append(backend)
+    missing = [b for b in args.backends if importlib.util.find_spec(b) is None]
     if missing:
         parser.error(
             f"--backends {','.join(missing)}: not installed (pip install dualloss[{missing[0]}])."
         )
+    devices.start(args.backends)  # JAX before torch
     impls = [] if args.only_peers else runner.default_implementations(args.backends, args.losses)
     if args.peers or args.only_peers:
         from .peers import available_peers
 
         impls += [p for p in available_peers(args.backends) if p.loss in args.losses]
-    if args.devices:
-        found = [label for b in args.backends for label, _ in B.devices_for(b, args.devices)]
-        if not found:
-            parser.error(f"--devices {','.join(args.devices)}: no such device for {args.backends}.")
-    result = runner.run_matrix(
-        impls, dtypes=args.dtypes, devices=args.devices, level=args.level, losses=args.losses,
-        regions=args.regions, jit=not args.no_jit, torch_compile=True if args.compile else None,
-        progress=not args.no_progress,
-    )  # fmt: skip
+    try:
+        devices.parse(args.devices)
+        result = runner.run_matrix(
+            impls, dtypes=args.dtypes, devices=args.devices, level=args.level,
+            losses=args.losses, regions=args.regions, jit=not args.no_jit,
+            torch_compile=True if args.compile else None, progress=not args.no_progress,
+            compile_budget_s=args.compile_budget,
+        )  # fmt: skip
+    except ValueError as error:  # devices.DeviceError, or a device name it cannot read
+        parser.error(str(error))
     print(report.terminal_summary(result, args.max_failures))
     if args.report:
         os.makedirs(args.report, exist_ok=True)
@@ -237,11 +265,44 @@ def _check(args, parser) -> int:
     return OK if result.ok else FAILED
 
 
+def _doctor(args, parser) -> int:
+    from . import backends as B
+    from . import devices
+
+    bad = [b for b in args.backends if b not in B.BACKENDS]
+    if bad:
+        allowed = ", ".join(B.BACKENDS)
+        parser.error(f"--backends must be among {allowed}. Received: {','.join(bad)}.")
+    lines, ok = devices.doctor(args.backends)
+    print("\n".join(lines))
+    return OK if ok else FAILED
+
+
+def _smoke(args, parser) -> int:
+    from . import devices, smoke
+
+    try:
+        device = devices.canonical(args.device, "device")
+    except ValueError as error:
+        parser.error(str(error))
+    if not devices.is_gpu(device):
+        parser.error(f"`--device` must be a GPU, gpu:N. Received: {args.device!r}.")
+    unknown = [s for s in args.skip if s not in smoke.STEPS]
+    if unknown:
+        allowed = ", ".join(smoke.STEPS)
+        parser.error(f"--skip must be among {allowed}. Received: {','.join(unknown)}.")
+    return OK if smoke.main(device, skip=args.skip) else FAILED
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args, parser)
+    if args.command == "doctor":
+        return _doctor(args, parser)
+    if args.command == "smoke":
+        return _smoke(args, parser)
     return _check(args, parser)
 
 

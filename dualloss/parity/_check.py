@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import losses
 from . import backends as B
+from . import devices as D
 from .cases import DTYPE_MAX, LOSSES, Case, make_cases
 from .runner import Failure, _short, evaluate, make_failure, minimise
 from .tolerance import STANDARDS
@@ -85,6 +86,9 @@ class CheckReport:
     cases_judged: int = 0
     examples_run: int = 0
     notes: list[str] = field(default_factory=list)
+    device: str = "cpu"
+    # matmul precision in force while judging (pinned: no TF32), for the record
+    precision: dict = field(default_factory=dict)
 
     @property
     def failures(self) -> list[Failure]:
@@ -112,8 +116,11 @@ class CheckReport:
                 + ", ".join(f"{n} {k}" for k, n in counts.items())
                 + ")"
             )
+        on = self.device + (" (the default device; pass device='gpu:0' for the GPU)"
+                            if self.device == "cpu" else "")  # fmt: skip
         lines = [
             f"{self.candidate} vs spec.{self.reference} ({self.backend}; {options}): {verdict}",
+            f"  device: {on}",
             f"  {self.cases_judged} of {self.cases_run} adversarial cases judged "
             f"({', '.join(self.dtypes)}), {self.examples_run} Hypothesis examples, "
             f"{self.standard} standard",
@@ -376,7 +383,9 @@ def check(
         none).
       skip: region names to leave out. Rarely needed: a feature the candidate raises on is found
         and reported as unsupported without it.
-      device: the device to run on (default: the backend's first, e.g. 'cpu').
+      device: 'cpu' (the default, for both backends) or 'gpu:N' (alias 'cuda:N'); a device the
+        backend does not see raises ``devices.DeviceError`` (a ValueError). On a CUDA device,
+        inputs with ignored labels run on the CPU first (see ``backends.run_case``).
       jit: for JAX, wrap the candidate in ``jax.jit``.
       stop_at_first: stop after the first dtype that fails (faster on broken losses).
       standard: 'practical' (default: backward stable, accurate at the whole result's scale) or
@@ -408,12 +417,18 @@ def check(
     if max_examples < 0:
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
     impl = _implementation(candidate, reference, backend)
-    pairs = B.devices_for(backend, [device] if device else None)
-    if not pairs:
-        raise ValueError(f"`device` {device!r} not found for backend {backend!r}.")
-    label, dev = pairs[0]
+    label = D.canonical("cpu" if device is None else device, "device")
+    if label == D.ALL:
+        raise ValueError(f"`device` must name one device. Received: device={device!r}.")
+    D.start([backend])
+    try:
+        D.resolve([backend], [label])
+    except D.DeviceError as error:
+        raise D.DeviceError(str(error).replace("`devices` has", "`device` is", 1)) from None
+    dev = D.device_object(backend, label)
     mode = "jit" if (jit and backend == "jax") else "eager"
-    report = CheckReport(impl.name, reference, backend, options, standard, dtypes)
+    report = CheckReport(impl.name, reference, backend, options, standard, dtypes, device=label)
+    report.precision = D.pin_precision([backend])
     hazards: dict[tuple[str, str], Hazard] = {}
 
     def record(failure: Failure, region: str, dtype: str) -> None:
@@ -510,7 +525,7 @@ def _probe(impl, reference, options, binary, dtype, device, jit, standard, repor
     for name, (prep, outcome) in raised.items():
         unsupported.add(name)
         if name not in report.unsupported:
-            repro = B.reproducer(impl, prep)
+            repro = B.reproducer(impl, prep, report.device)
             report.unsupported[name] = f"{outcome.error}\n      reproduce: {repro}"
     if info.is_softmax and "index" in unsupported:
         unsupported |= {"ignored", "all_ignored"}

@@ -12,7 +12,10 @@ when both are loaded); the reference is the spec on those same values, upcast ex
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .. import losses
+from . import devices as D
 from .cases import Case, from_torch_layout, to_torch_layout
 
 BACKENDS = ("torch", "jax")
@@ -143,55 +147,12 @@ def ours(backend: str, loss: str) -> Implementation | None:
 # ----------------------------------------------------------------------------------------------
 
 
-def torch_devices() -> list[str]:
-    import torch
-
-    devices = ["cpu"]
-    if torch.cuda.is_available():
-        devices += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    return devices
-
-
-def jax_devices() -> list[Any]:
-    import jax
-
-    devices = list(jax.devices())
-    if devices and devices[0].platform != "cpu":
-        try:
-            devices += list(jax.devices("cpu"))
-        except RuntimeError:
-            pass
-    return devices
-
-
-def device_label(backend: str, device: Any) -> str:
-    if backend == "torch":
-        return str(device)
-    return f"{device.platform}:{device.id}"
-
-
-def devices_for(backend: str, wanted: list[str] | None = None) -> list[tuple[str, Any]]:
-    """(label, device) pairs of `backend`, filtered by `wanted` ('cpu', 'cuda', 'gpu:1', ...)."""
-    found = torch_devices() if backend == "torch" else jax_devices()
-    pairs = [(device_label(backend, d), d) for d in found]
-    if not wanted:
-        return pairs
-
-    def matches(label):
-        kind = label.split(":")[0]
-        for w in wanted:
-            w_kind = w.split(":")[0].replace("gpu", "cuda")
-            if label == w or (":" not in w and kind.replace("gpu", "cuda") == w_kind):
-                return True
-            if (
-                ":" in w
-                and kind.replace("gpu", "cuda") == w_kind
-                and label.split(":")[1] == w.split(":")[1]
-            ):
-                return True
-        return False
-
-    return [(label, d) for label, d in pairs if matches(label)]
+def devices_for(backend: str, wanted=None) -> list[tuple[str, Any]]:
+    """(canonical name, device) pairs of `backend` for `wanted` ('cpu', 'gpu:1', alias 'cuda:1',
+    'all'; default: cpu plus the first GPU). A device the backend lacks raises
+    ``devices.DeviceError``; see ``devices.resolve`` for the checks across backends."""
+    names = D.resolve([backend], wanted)
+    return [(name, D.device_object(backend, name)) for name in names]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,6 +166,8 @@ class Outcome:
     grad: np.ndarray | None = None  # spec layout (class axis last)
     error: str | None = None
     skipped: bool = False
+    # torch.compile raised (or timed out) where the eager call of the same function works
+    compile_failed: bool = False
 
 
 def _torch_dtype(dtype: str):
@@ -241,14 +204,75 @@ def jax_array(array: np.ndarray, dtype: str, device: Any):
 
 _compiled_cache: dict = {}
 
+# torch.compile's options for the compiled mode (dynamic=False: the shapes the cases use)
+COMPILE_OPTIONS: dict = {"dynamic": False}
+
+# recompilations allowed per compiled function (dynamic=False: one per shape and option set);
+# beyond it torch.compile would fall back to eager silently, here it is a compile failure
+RECOMPILE_LIMIT = 128
+
 
 def _set_torch_compile_limits():
     import torch
 
     config = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+    for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(config, name):
-            setattr(config, name, max(getattr(config, name), 4096))
+            setattr(config, name, RECOMPILE_LIMIT)
+    if hasattr(config, "accumulated_recompile_limit"):
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit,
+                                                 4 * RECOMPILE_LIMIT)  # fmt: skip
+    if hasattr(config, "fail_on_recompile_limit_hit"):
+        config.fail_on_recompile_limit_hit = True
+
+
+class CompileTimeout(Exception):
+    """A compiled call ran past its time limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Raises ``CompileTimeout`` in the block after `seconds` (SIGALRM, main thread only; a no-op
+    elsewhere and for None)."""
+    usable = (
+        seconds is not None
+        and hasattr(signal, "setitimer")
+        and threading.current_thread() is threading.main_thread()
+    )
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CompileTimeout(f"torch.compile ran past its time limit of {seconds:.0f}s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _call_torch(fn, x, t, kwargs):
+    """(value, grad) of `fn` at x, as float64 NumPy (the class axis where the candidate has it)."""
+    import torch
+
+    out = fn(x, t, **kwargs)
+    if not isinstance(out, torch.Tensor):
+        out = torch.as_tensor(out)
+    value = out.detach().to(torch.float64).cpu().numpy()
+    if out.requires_grad:
+        (grad,) = torch.autograd.grad(out.sum(), x, allow_unused=True)
+    else:
+        grad = None
+    grad = np.zeros(x.shape) if grad is None else grad.to(torch.float64).cpu().numpy()
+    return value, grad
+
+
+def _error_line(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".splitlines()[0][:300]
 
 
 def run_torch(impl: Implementation, prep: Prepared, device: str, compiled: bool) -> Outcome:
@@ -269,22 +293,22 @@ def run_torch(impl: Implementation, prep: Prepared, device: str, compiled: bool)
         _set_torch_compile_limits()
         key = ("torch", id(impl.fn))
         if key not in _compiled_cache:
-            _compiled_cache[key] = torch.compile(impl.fn, dynamic=False)
+            _compiled_cache[key] = torch.compile(impl.fn, **COMPILE_OPTIONS)
         fn = _compiled_cache[key]
+    x = torch_array(logits, prep.dtype, device).requires_grad_(True)
+    t = torch_array(targets, prep.dtype, device)
     try:
-        x = torch_array(logits, prep.dtype, device).requires_grad_(True)
-        t = torch_array(targets, prep.dtype, device)
-        out = fn(x, t, **kwargs)
-        if not isinstance(out, torch.Tensor):
-            out = torch.as_tensor(out)
-        value = out.detach().to(torch.float64).cpu().numpy()
-        if out.requires_grad:
-            (grad,) = torch.autograd.grad(out.sum(), x, allow_unused=True)
-        else:
-            grad = None
-        grad = np.zeros(x.shape) if grad is None else grad.to(torch.float64).cpu().numpy()
+        value, grad = _call_torch(fn, x, t, kwargs)
     except Exception as error:  # noqa: BLE001 - a crash is a finding, reported as such
-        return Outcome(error=f"{type(error).__name__}: {error}".splitlines()[0][:300])
+        if not compiled:
+            return Outcome(error=_error_line(error))
+        # the loss's own error, or the compiler's? the eager call of the same function decides
+        try:
+            x = torch_array(logits, prep.dtype, device).requires_grad_(True)
+            _call_torch(impl.fn, x, t, kwargs)
+        except Exception:  # noqa: BLE001 - raises eagerly too: the loss's error
+            return Outcome(error=_error_line(error))
+        return Outcome(error=_error_line(error), compile_failed=True)
     if softmax:
         grad = from_torch_layout(grad)
     return Outcome(value=value, grad=grad)
@@ -344,11 +368,56 @@ def run_jax(impl: Implementation, prep: Prepared, device: Any, compiled: bool) -
     return Outcome(value=value, grad=grad)
 
 
+class DevicePoisoned(RuntimeError):
+    """A device-side assert left the CUDA context unusable: every later call would fail."""
+
+
+def needs_cpu_screen(device: Any) -> bool:
+    """True for torch CUDA devices: there a gather with an index out of range (an ignored label
+    of -100 fed to a loss without ``ignore_index``) is a device-side assert that makes every later
+    CUDA call in the process fail; on the CPU it is an ordinary exception."""
+    return str(device).startswith("cuda")
+
+
+def _has_out_of_range_index(prep: Prepared) -> bool:
+    if not prep.case.index_targets or prep.logits.ndim == 0:
+        return False
+    classes = prep.logits.shape[-1]
+    return bool(np.any((prep.targets < 0) | (prep.targets >= classes)))
+
+
+def _raise_if_poisoned(device: str) -> None:
+    import torch
+
+    try:
+        torch.cuda.synchronize(device)
+    except RuntimeError as error:
+        raise DevicePoisoned(
+            f"the CUDA context of {device} is unusable after a device-side assert ({error}); "
+            "the run cannot continue in this process"
+        ) from error
+
+
 def run_case(impl: Implementation, prep: Prepared, device: Any, compiled: bool) -> Outcome:
+    """One call. A torch case with indices outside [0, C) (ignored labels) runs on the CPU first
+    when `device` is a CUDA device: if it raises there, that error is the outcome and the CUDA
+    device never sees it (a device-side assert would poison the process)."""
     if impl.fn is None or not impl.supports(prep):
         return Outcome(skipped=True)
     if impl.backend == "torch":
-        return run_torch(impl, prep, device, compiled)
+        screen = needs_cpu_screen(device)
+        if screen and _has_out_of_range_index(prep):
+            on_cpu = run_torch(impl, prep, "cpu", False)
+            if on_cpu.error is not None:
+                on_cpu.error += (
+                    f" (raised on the CPU screen; not run on {D.label('torch', device)}, where"
+                    " an index out of range is a device-side assert that poisons the process)"
+                )
+                return on_cpu
+        outcome = run_torch(impl, prep, device, compiled)
+        if screen and outcome.error is not None:
+            _raise_if_poisoned(device)
+        return outcome
     return run_jax(impl, prep, device, compiled)
 
 
@@ -380,8 +449,10 @@ def _literal(array: np.ndarray) -> str:
     return walk(np.asarray(array))
 
 
-def reproducer(impl: Implementation, prep: Prepared) -> str:
-    """One line of Python that calls `impl` on exactly the inputs of `prep` (value and grad)."""
+def reproducer(impl: Implementation, prep: Prepared, device: str = "cpu") -> str:
+    """One line of Python that calls `impl` on exactly the inputs of `prep` (value and grad), on
+    `device` (a canonical name: torch gets ``device='cuda:N'``, JAX ``jax.devices(...)[N]``, the
+    CPU named too, since JAX's default device on a GPU machine is the GPU)."""
     case = prep.case
     softmax = losses.get(impl.loss).is_softmax
     big = prep.logits.size > _LITERAL_LIMIT
@@ -389,11 +460,13 @@ def reproducer(impl: Implementation, prep: Prepared) -> str:
         lib = "torch"
         dt = f"torch.{prep.dtype}"
 
+        on = "" if device == "cpu" else f", device={D.torch_name(device)!r}"
+
         def arr(a, dtype=None):
             a = np.asarray(a)
             if a.dtype == np.bool_ or np.issubdtype(a.dtype, np.integer):
-                return f"torch.tensor({_literal(a)})"
-            return f"torch.tensor({_literal(a.astype(np.float64))}, dtype={dtype or dt})"
+                return f"torch.tensor({_literal(a)}{on})"
+            return f"torch.tensor({_literal(a.astype(np.float64))}, dtype={dtype or dt}{on})"
 
         logits = to_torch_layout(prep.logits) if softmax else prep.logits
         targets = prep.targets
@@ -407,11 +480,12 @@ def reproducer(impl: Implementation, prep: Prepared) -> str:
         def arr(a, dtype=None):
             a = np.asarray(a)
             if a.dtype == np.bool_ or np.issubdtype(a.dtype, np.integer):
-                return f"jnp.array({_literal(a)})"
-            return f"jnp.array({_literal(a.astype(np.float64))}, dtype={dtype or dt})"
+                return f"jnp.array({_literal(a)}, device=d)"
+            return f"jnp.array({_literal(a.astype(np.float64))}, dtype={dtype or dt}, device=d)"
 
         logits, targets = prep.logits, prep.targets
-        head = "import jax, jax.numpy as jnp"
+        platform = "gpu" if D.is_gpu(device) else "cpu"
+        head = f"import jax, jax.numpy as jnp; d = jax.devices({platform!r})[{D.index(device)}]"
         if prep.dtype == "float64":
             head += "; jax.config.update('jax_enable_x64', True)"
     if big:
@@ -425,11 +499,12 @@ def reproducer(impl: Implementation, prep: Prepared) -> str:
         sl = f"[{row}:{int(row) + 1}]" if row else ""
         if lib == "torch":
             move = ".movedim(-1, 1)" if softmax and logits.ndim > 2 else ""
-            x = f"torch.tensor(c.logits{sl}).to({dt}){move}"
-            t = f"torch.tensor(c.targets{sl})"
+            to = "" if device == "cpu" else f".to({D.torch_name(device)!r})"
+            x = f"torch.tensor(c.logits{sl}).to({dt}){move}{to}"
+            t = f"torch.tensor(c.targets{sl}){to}"
         else:
-            x = f"jnp.array(c.logits{sl}, dtype={dt})"
-            t = f"jnp.array(c.targets{sl})"
+            x = f"jnp.array(c.logits{sl}, dtype={dt}, device=d)"
+            t = f"jnp.array(c.targets{sl}, device=d)"
         head = f"{head}; {setup}"
     else:
         x = arr(logits)

@@ -79,6 +79,17 @@ def _table(rows, keys, markdown=False):
     return "\n".join(lines)
 
 
+def verdict(result: RunResult) -> str:
+    """HOLDS only when everything asked for was judged; NOT VERIFIED when something (an
+    implementation, a device, a mode) was not, or compiling failed; FAILS on a failing call."""
+    if result.ok:
+        return "PARITY HOLDS"
+    errors = any(r.kind == "error" for r in result.records)
+    if result.judged and (result.failures or errors):
+        return "PARITY FAILS"
+    return "PARITY NOT VERIFIED"
+
+
 def terminal_summary(result: RunResult, max_failures: int = 10) -> str:
     keys = ("loss", "impl", "dtype", "device", "mode")
     out = [
@@ -107,14 +118,17 @@ def terminal_summary(result: RunResult, max_failures: int = 10) -> str:
         out.append(f"note: {note}")
     for name in result.unavailable:
         out.append(f"NOT JUDGED: {name} could not be loaded (see the notes)")
-    if result.ok:
-        verdict = "PARITY HOLDS"
-    elif result.unavailable or result.judged == 0:
-        verdict = "PARITY NOT VERIFIED"
-    else:
-        verdict = "PARITY FAILS"
+    for entry in result.compile_failures:
+        out.append(f"COMPILE FAILURE (torch.compile, not the loss; eager works): {entry}")
+    for entry in result.untested:
+        out.append(f"NOT TESTED: {entry}")
+    config = result.config
+    if config.get("devices"):
+        out.append(f"devices: {', '.join(config['devices'])}")
+    if config.get("precision"):
+        out.append("precision: " + ", ".join(f"{k}={v}" for k, v in config["precision"].items()))
     out.append(
-        f"\n{verdict}: {result.judged} judged calls, {len(nonfinite)} non-finite, "
+        f"\n{verdict(result)}: {result.judged} judged calls, {len(nonfinite)} non-finite, "
         f"{len(accuracy)} accuracy, {len(errors)} errors, {result.seconds:.0f}s"
     )
     return "\n".join(out)
@@ -297,7 +311,7 @@ def write_markdown(result: RunResult, directory: str) -> str:
     plots = _plots(result, directory)
     keys = ("loss", "impl", "dtype", "device", "mode")
     lines = ["# dualloss parity report", ""]
-    lines.append(f"Verdict: **{'parity holds' if result.ok else 'parity FAILS'}** - "
+    lines.append(f"Verdict: **{verdict(result)}** - "
                  f"{len(result.records)} judged calls in {result.seconds:.0f}s.")  # fmt: skip
     lines.append("")
     lines.append(f"Configuration: `{json.dumps(result.config)}`")

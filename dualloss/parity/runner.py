@@ -7,6 +7,7 @@ implementations on the same rounded inputs; informative, never a failure by them
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import backends as B
+from . import devices as D
 from .cases import LOSSES, Case, make_cases
 from .tolerance import judge as _judge
 from .tolerance import ulp
@@ -99,6 +101,10 @@ class RunResult:
     seconds: float = 0.0
     # implementations asked for that could not be loaded: the run did not judge them
     unavailable: list[str] = field(default_factory=list)
+    # "backend/device/mode" planned but not judged (nothing ran there, compile failed, budget)
+    untested: list[str] = field(default_factory=list)
+    # torch.compile failures: the function compiles wrongly or not at all (its eager call works)
+    compile_failures: list[str] = field(default_factory=list)
 
     @property
     def judged(self) -> int:
@@ -108,7 +114,7 @@ class RunResult:
     def ok(self) -> bool:
         """Parity holds: something was judged, every implementation asked for was, and no call
         failed or raised."""
-        if self.unavailable or self.judged == 0:
+        if self.unavailable or self.untested or self.compile_failures or self.judged == 0:
             return False
         return not self.failures and not any(r.kind == "error" for r in self.records)
 
@@ -116,6 +122,8 @@ class RunResult:
         return {
             "ok": self.ok,
             "unavailable": self.unavailable,
+            "untested": self.untested,
+            "compile_failures": self.compile_failures,
             "config": self.config,
             "seconds": self.seconds,
             "notes": self.notes,
@@ -169,6 +177,8 @@ def evaluate(
     outcome = B.run_case(impl, prep, device, compiled)
     if outcome.skipped:
         return "skipped", None, outcome
+    if outcome.compile_failed:
+        return "compile-error", None, outcome
     if outcome.error is not None:
         return "error", None, outcome
     try:
@@ -179,6 +189,9 @@ def evaluate(
     return judgement.kind, judgement, outcome
 
 
+COMPILED_MINIMISE_ROWS = 8
+
+
 def minimise(
     impl, prep, device, compiled, kind, standard: str = "strict"
 ) -> tuple[B.Prepared, Any, B.Outcome]:
@@ -187,7 +200,10 @@ def minimise(
     n = case.logits.shape[0] if case.logits.ndim >= 2 else 1
     if n <= 1:
         return prep, None, None
+    # compiled: every new shape or option may recompile, so fewer tries
+    limit = COMPILED_MINIMISE_ROWS if compiled and impl.backend == "torch" else 96
     order = list(case.hot_rows) + [i for i in range(min(n, 96)) if i not in case.hot_rows]
+    order = order[:limit]
     fallback = None
     for i in order:
         small = B.prepare(case.rows(i), prep.dtype)
@@ -224,7 +240,7 @@ def make_failure(impl, prep, device_label, mode, kind, judgement, outcome) -> Fa
         received_value=received_value,
         expected_grad=expected_grad,
         received_grad=received_grad,
-        reproducer=B.reproducer(impl, prep),
+        reproducer=B.reproducer(impl, prep, device_label),
     )
 
 
@@ -304,6 +320,7 @@ def run_matrix(
     jit: bool = True,
     torch_compile: bool | None = None,
     progress: bool = True,
+    compile_budget_s: float = 900.0,
 ) -> RunResult:
     """Runs every implementation on every case of its loss, dtype, device and mode.
 
@@ -312,6 +329,17 @@ def run_matrix(
     (the first case of each region) in the other ('eager' for JAX, 'compile' for torch); with
     level 'full' both JAX modes run every case. torch.compile runs only with level 'full' unless
     `torch_compile` says otherwise: it takes seconds per shape on a CPU.
+
+    Devices: ``devices.resolve`` over the backends of the implementations (default cpu plus the
+    first GPU; a device one backend lacks raises ``devices.DeviceError``). Matmul precision is
+    pinned (no TF32) and recorded in ``config``. A (backend, device, mode) that was planned but
+    judged nothing is listed in ``untested`` and the run does not hold. torch.compile: a call
+    whose compiled form raises while its eager form works is a compile failure (not a loss
+    error); compiling stops for an implementation after its first compile failure, for every
+    implementation once `compile_budget_s` seconds went into compiled calls (also enforced
+    within one call by a timer where the platform has SIGALRM), and recompilations are bounded
+    (``backends.RECOMPILE_LIMIT``; hitting the limit is a compile failure, not a silent fallback
+    to eager).
     """
     started = time.monotonic()
     result = RunResult(config={
@@ -320,6 +348,12 @@ def run_matrix(
     })  # fmt: skip
     if torch_compile is None:
         torch_compile = level == "full"
+    backends = [b for b in B.BACKENDS if any(i.backend == b and i.fn is not None
+                                             for i in implementations)]  # fmt: skip
+    result.notes += D.start(backends)
+    names = D.resolve(backends, devices)  # DeviceError: a requested device is missing
+    result.config["devices"] = names
+    result.config["precision"] = D.pin_precision(backends)
     plan = []  # (impl, device_label, device, mode)
     for impl in implementations:
         result.notes += impl.notes
@@ -328,13 +362,7 @@ def run_matrix(
         if impl.fn is None:
             result.unavailable.append(f"{impl.name}.{impl.loss}")
             continue
-        try:
-            pairs = B.devices_for(impl.backend, devices)
-        except Exception as error:  # noqa: BLE001
-            result.notes.append(f"{impl.backend}: no devices ({error})")
-            continue
-        if not pairs:
-            result.notes.append(f"{impl.name}: none of the devices {devices} found")
+        pairs = [(name, D.device_object(impl.backend, name)) for name in names]
         for label, device in pairs:
             plan.append((impl, label, device, "eager"))
             if impl.backend == "jax" and jit:
@@ -366,6 +394,8 @@ def run_matrix(
     bar = Progress(total, enabled=progress)
     prepared = {}
     values = {}  # (loss, dtype, case) -> {(impl, device, mode): value}
+    compile_seconds = 0.0
+    compile_stopped: dict[str, str] = {}  # impl key -> why compiling stopped
     for impl, label, device, mode in plan:
         for dtype in dtypes:
             cases = cases_by[(impl.loss, dtype)]
@@ -376,10 +406,30 @@ def run_matrix(
                     prepared[key] = B.prepare(case, dtype)
                 prep = prepared[key]
                 compiled = mode != "eager"
-                kind, judgement, outcome = evaluate(impl, prep, device, compiled)
+                torch_compiled = mode == "compile"
+                impl_key = f"{impl.name}.{impl.loss} {label}"
+                if torch_compiled and compile_seconds >= compile_budget_s:
+                    compile_stopped.setdefault(
+                        impl_key, f"the torch.compile budget of {compile_budget_s:.0f}s was spent"
+                    )
+                if torch_compiled and impl_key in compile_stopped:
+                    bar.step(impl_key, case_cost(case, impl.backend, mode))
+                    continue
+                began = time.monotonic()
+                limit = max(compile_budget_s - compile_seconds, 1.0) if torch_compiled else None
+                with B.time_limit(limit):
+                    kind, judgement, outcome = evaluate(impl, prep, device, compiled)
+                if torch_compiled:
+                    compile_seconds += time.monotonic() - began
                 bar.step(f"{impl.name} {impl.loss} {dtype} {mode}",
                          case_cost(case, impl.backend, mode))  # fmt: skip
                 if kind == "skipped":
+                    continue
+                if kind == "compile-error":
+                    compile_stopped[impl_key] = f"compile failure: {outcome.error}"
+                    result.compile_failures.append(
+                        f"{impl_key} {dtype} case {case.name}: {outcome.error}"
+                    )
                     continue
                 record = Record(
                     impl.loss, impl.name, impl.backend, label, mode, dtype, case.region,
@@ -405,6 +455,20 @@ def run_matrix(
                         )  # fmt: skip
                     )
     bar.close()
+    judged = {(r.impl, r.loss, r.device, r.mode) for r in result.records
+              if r.kind in ("ok", "non-finite", "accuracy")}  # fmt: skip
+    for impl, label, _, mode in plan:
+        if (impl.name, impl.loss, label, mode) in judged:
+            continue
+        why = compile_stopped.get(f"{impl.name}.{impl.loss} {label}", "nothing was judged")
+        entry = f"{impl.name}.{impl.loss} on {label} ({mode}): {why}"
+        if entry not in result.untested:
+            result.untested.append(entry)
+    for impl_key, why in compile_stopped.items():
+        if why.startswith("the torch.compile budget"):
+            entry = f"{impl_key} (compile): some cases not run, {why}"
+            if not any(u.startswith(impl_key) for u in result.untested):
+                result.untested.append(entry)
     result.diagnostics = _diagnostics(values)
     result.seconds = time.monotonic() - started
     return result
@@ -450,11 +514,9 @@ def _diagnostics(values) -> list[dict]:
 def default_implementations(backends=B.BACKENDS, losses=LOSSES, peers: bool = False):
     """dualloss's own backends for each loss (and the public peers when `peers`)."""
     impls = []
+    backends = [b for b in backends if importlib.util.find_spec(b) is not None]
+    D.start(backends)  # JAX before torch
     for backend in backends:
-        try:
-            __import__(backend)
-        except ImportError:
-            continue
         for loss in losses:
             impls.append(B.ours(backend, loss))
     if peers:
