@@ -421,7 +421,7 @@ def test_both_backends_match_the_spec_on_each_device(loss, device):
         outcome = B.run_case(B.ours(backend, loss), prep, D.device_object(backend, device), False)
         assert outcome.error is None, outcome.error
         j = judge(loss, prep.ref_logits, prep.ref_targets, prep.options, "float32",
-                  outcome.value, outcome.grad, standard="ours")  # fmt: skip
+                  outcome.value, outcome.grad, standard="strict")  # fmt: skip
         assert j.kind == "ok", (backend, device, j.nonfinite + j.inaccurate)
 
 

@@ -196,7 +196,7 @@ def step_losses_on_device(device: str) -> bool:
                 if softmax:
                     grad = from_torch_layout(grad)
                 j = judge(name, prep.ref_logits, prep.ref_targets, prep.options, dtype, value,
-                          grad, standard="ours")  # fmt: skip
+                          grad, standard="strict")  # fmt: skip
                 calls += 1
                 if j.kind != "ok":
                     problems.append(f"torch {name} {dtype}: {j.kind}")
@@ -228,7 +228,7 @@ def step_losses_on_device(device: str) -> bool:
                     value = np.asarray(value).astype(np.float64)
                     grad = np.asarray(grad).astype(np.float64)
                     j = judge(name, prep.ref_logits, prep.ref_targets, prep.options, dtype, value,
-                              grad, standard="ours")  # fmt: skip
+                              grad, standard="strict")  # fmt: skip
                     calls += 1
                     if j.kind != "ok":
                         problems.append(f"jax {mode} {name} {dtype}: {j.kind}")
