@@ -99,6 +99,8 @@ SPEC_EXTRAS = {
     "_check_wrt", "_needs_option", "_times_mass", "_scale_by_reduction", "_sum_to_shape",
     "_softmax_input_grad", "_sigmoid_cross_entropy_input_grad", "_focal_ce_ratio",
     "_sigmoid_focal_input_grad",
+    # the fused linear losses: picking one gradient of the spec's dict (`wrt=`)
+    "_linear_grad",
 }  # fmt: skip
 
 
