@@ -90,6 +90,8 @@ BACKEND_EXTRAS = {
         "_addcmul", "_sigmoid_cross_entropy_or_grad", "_sigmoid_focal_loss_or_grad",
         # the deprecated size_average/reduce arguments of the torch drop-ins
         "_legacy_reduction",
+        # the fused linear losses: the row-block loop, its in-place block kernel, its Function
+        "_linear_chunks", "_linear_block", "_LinearSoftmax",
     },
 }  # fmt: skip
 # what the spec has that a backend does not: the judge's per-element intermediates, and the
