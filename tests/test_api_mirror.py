@@ -74,6 +74,12 @@ BACKEND_EXTRAS = {
         "_at", "_softmax_focal_terms_at", "_softmax_cross_entropy_terms_at",
         # closed-form tangents along the targets and alpha
         "_sigmoid_focal_other_tangent",
+        # the fused linear losses: the block kernel, the row-block scan, the two custom_vjp
+        # functions (scalar reductions: gradients in the forward pass; 'none': recomputed) and
+        # the NaN cotangent of the inputs they do not differentiate
+        "_linear_block", "_linear_chunks", "_nan_like",
+        "_linear_sum", "_linear_sum_fwd", "_linear_sum_bwd",
+        "_linear_rows", "_linear_rows_fwd", "_linear_rows_bwd",
     },
     "torch_impl": {
         # dtypes, index validation and functorch
