@@ -720,7 +720,7 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     blocks with ignored rows (a_y = kept = 0). Returns (loss, dh, dw, db), the gradients None
     without `grad_loss`, db None without `b`.
     """
-    gamma, label_smoothing, rows = static
+    gamma, label_smoothing, rows, _ = static
     dtype = _compute_dtype(h.dtype)
     num_rows, size = h.shape
     num_classes = w.shape[1]
@@ -797,10 +797,12 @@ def _linear_sum_fwd(h, w, b, y, a_y, kept, class_weight, row_scale, static):
 
 def _linear_sum_bwd(static, residuals, g):
     dh, dw, db, y, a_y, kept, class_weight, row_scale = residuals
-    db = None if db is None else (g * db).astype(db.dtype)
+    # scaled in the compute dtype, then rounded once to the inputs' dtypes
+    w_dtype, b_dtype = static[3]
+    db = None if db is None else (g * db).astype(b_dtype)
     return (
         (g * dh).astype(dh.dtype),
-        g * dw,
+        (g * dw).astype(w_dtype),
         db,
         None,
         _nan_like(a_y),
@@ -828,6 +830,8 @@ def _linear_rows_fwd(h, w, b, y, a_y, kept, class_weight, static):
 def _linear_rows_bwd(static, residuals, g):
     h, w, b, y, a_y, kept, class_weight = residuals
     _, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, g, static)
+    dw = dw.astype(w.dtype)
+    db = None if db is None else db.astype(b.dtype)
     return dh, dw, db, None, _nan_like(a_y), None, _nan_like(class_weight)
 
 
@@ -906,7 +910,9 @@ def _linear_softmax(
         dense = is_focal and gamma != 0.0 and label_smoothing != 0.0
         budget = (1 << 19) if dense else (1 << 22)
         chunk_size = _checks.default_chunk_size(h.shape[0], num_classes, budget)
-    static = (gamma, label_smoothing, min(chunk_size, max(h.shape[0], 1)))
+    rows = min(chunk_size, max(h.shape[0], 1))
+    dtypes = (linear_weight.dtype, None if bias is None else bias.dtype)
+    static = (gamma, label_smoothing, rows, dtypes)
     if reduction == "none":
         loss = _linear_rows(h, linear_weight, bias, y_safe, a_y, kept, class_weight, static)
         return loss.reshape(targets.shape).astype(hidden.dtype)
