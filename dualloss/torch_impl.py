@@ -809,11 +809,18 @@ def _linear_chunks(h, w, b, y, class_weight, gamma, ignore_index, label_smoothin
         dw = torch.zeros(w.shape, dtype=dtype, device=h.device)
         db = None if b is None else torch.zeros(b.shape, dtype=dtype, device=h.device)
     dense = gamma != 0.0 and label_smoothing != 0.0
+    # one (rows, V) buffer for every block: the allocator hands no block back and forth (glibc
+    # keeps freed blocks resident once its mmap threshold has risen to their size)
+    buffer = torch.empty((min(rows, num_rows), w.shape[0]), dtype=dtype, device=h.device)
     for start in range(0, num_rows, rows):
         y_block = y[start : start + rows]
         keep = (y_block != ignore_index).unsqueeze(-1)
         h_block = torch.where(keep, h[start : start + rows].to(dtype), 0.0)
-        z = torch.nn.functional.linear(h_block, w, b)
+        z = buffer[: h_block.shape[0]]
+        if b is None:
+            torch.mm(h_block, w.T, out=z)
+        else:
+            torch.addmm(b, h_block, w.T, out=z)
         block_grad = None if grad_loss is None else grad_loss[start : start + rows]
         if dense:
             options = (1, gamma, ignore_index, label_smoothing)
