@@ -236,43 +236,48 @@ def linear_shapes(
     bias_shape: Sequence[int] | None,
     targets_shape: Sequence[int],
     vocab_axis: int,
+    names: tuple[str, str, str] = ("hidden", "bias", "targets"),
 ) -> tuple[int, int]:
     """The fused linear losses: `hidden` (..., H), `linear_weight` (H, V) (`vocab_axis` 1: spec,
     jax_impl) or (V, H) (`vocab_axis` 0: torch_impl), `bias` (V,), class-index `targets` (...).
-    Returns (H, V)."""
+    `names`: what the caller calls hidden, bias and targets (torch's drop-in: input,
+    linear_bias, target). Returns (H, V)."""
+    hidden, bias, targets = names
     hidden_shape = _shape(hidden_shape)
     weight_shape = _shape(weight_shape)
     targets_shape = _shape(targets_shape)
     if len(hidden_shape) == 0:
         raise ValueError(
-            "`hidden` must have at least one dimension (the features). Received: hidden.shape=()."
+            f"`{hidden}` must have at least one dimension (the features). "
+            f"Received: {hidden}.shape=()."
         )
     size = hidden_shape[-1]
     layout = "(H, V)" if vocab_axis == 1 else "(V, H)"
     if len(weight_shape) != 2 or weight_shape[1 - vocab_axis] != size:
         raise ValueError(
             f"`linear_weight` must have shape {layout} with H = {size}, the last dimension of "
-            f"hidden. Received: linear_weight.shape={weight_shape}."
+            f"{hidden}. Received: linear_weight.shape={weight_shape}."
         )
     num_classes = weight_shape[vocab_axis]
     if bias_shape is not None and _shape(bias_shape) != (num_classes,):
         raise ValueError(
-            f"`bias` must be a vector of length {num_classes} (one entry per class). "
-            f"Received: bias.shape={_shape(bias_shape)}."
+            f"`{bias}` must be a vector of length {num_classes} (one entry per class). "
+            f"Received: {bias}.shape={_shape(bias_shape)}."
         )
     if targets_shape != hidden_shape[:-1]:
         raise ValueError(
-            f"`targets` of class indices must have shape {hidden_shape[:-1]}, the hidden shape "
-            f"{hidden_shape} without its last dimension. Received: targets.shape={targets_shape}."
+            f"`{targets}` of class indices must have shape {hidden_shape[:-1]}, the {hidden} "
+            f"shape {hidden_shape} without its last dimension. "
+            f"Received: {targets}.shape={targets_shape}."
         )
     return size, num_classes
 
 
-def index_targets(is_integer: bool, dtype: object) -> None:
+def index_targets(is_integer: bool, dtype: object, name: str = "targets") -> None:
     """The fused linear losses take class indices only."""
     if not is_integer:
         raise TypeError(
-            f"`targets` must hold integer class indices. Received: targets.dtype={dtype}."
+            f"`{name}` must hold integer class indices. Received: {name}.dtype={dtype}."
         )
 
 

@@ -1372,6 +1372,12 @@ def linear_cross_entropy(
             reduction=reduction,
             label_smoothing=label_smoothing,
         )
+    # the shapes and dtypes under the drop-in's own argument names
+    _checks.float_logits("input", input.is_floating_point(), _dtype_name(input.dtype))
+    _checks.index_targets(_is_index(target), _dtype_name(target.dtype), "target")
+    bias_shape = None if linear_bias is None else linear_bias.shape
+    names = ("input", "linear_bias", "target")
+    _checks.linear_shapes(input.shape, linear_weight.shape, bias_shape, target.shape, 0, names)
     chunk_size = getattr(options, "batch_chunk_size", None) if options is not None else None
     return linear_softmax_cross_entropy(
         input,

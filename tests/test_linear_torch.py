@@ -363,3 +363,14 @@ def test_focal_bad_gamma_and_alpha_raise_one_sentence():
         match=re.escape("`alpha` must have every entry in [0, 1]. Received: alpha[0]=2.0."),
     ):
         T.linear_softmax_focal_loss(hidden, kernel, targets, alpha=torch.full((50,), 2.0))
+
+
+def test_drop_in_names_its_own_arguments_in_errors():
+    hidden, kernel, bias, targets = _inputs(12)
+    with pytest.raises(ValueError, match=re.escape("`linear_bias` must be a vector of length 50")):
+        T.linear_cross_entropy(hidden, kernel, targets, linear_bias=bias[:3])
+    message = "`target` of class indices must have shape (37,), the input shape (37, 8)"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        T.linear_cross_entropy(hidden, kernel, targets[:5])
+    with pytest.raises(TypeError, match=re.escape("`input` must have a floating dtype")):
+        T.linear_cross_entropy(hidden.long(), kernel, targets)
