@@ -294,9 +294,17 @@ def chunk_size(chunk_size: object) -> int | None:
     return int(chunk_size)
 
 
-def default_chunk_size(num_rows: int, num_classes: int, budget: int = 1 << 22) -> int:
+def default_chunk_size(
+    num_rows: int, num_classes: int, budget: int = 1 << 22, fraction: int | None = None
+) -> int:
     """Rows per chunk when `chunk_size` is None: each (rows, V) block of logits holds at most
-    `budget` (4M) entries, 16 MB in float32, a power of two between 1 and the number of rows."""
+    `budget` (4M) entries, 16 MB in float32, a power of two between 1 and the number of rows.
+
+    With `fraction` the budget grows to 1/fraction of the N x V logits, up to 4 x `budget`:
+    fewer, taller blocks make the dW accumulation (one (V, H) read and write per block) cheaper.
+    """
+    if fraction is not None:
+        budget = min(max(budget, num_rows * num_classes // fraction), 4 * budget)
     rows = max(1, budget // max(num_classes, 1))
     rows = 1 << (rows.bit_length() - 1)
     return max(1, min(rows, max(num_rows, 1)))
