@@ -264,3 +264,83 @@ def focal_alpha(alpha: object, num_classes: int | None) -> None:
     if len(shape) == 0:
         return
     class_vector("alpha", shape, num_classes)
+
+
+def linear_shapes(
+    hidden_shape: Sequence[int],
+    weight_shape: Sequence[int],
+    bias_shape: Sequence[int] | None,
+    targets_shape: Sequence[int],
+    vocab_axis: int,
+    names: tuple[str, str, str] = ("hidden", "bias", "targets"),
+) -> tuple[int, int]:
+    """The fused linear losses: `hidden` (..., H), `linear_weight` (H, V) (`vocab_axis` 1: spec,
+    jax_impl) or (V, H) (`vocab_axis` 0: torch_impl), `bias` (V,), class-index `targets` (...).
+    `names`: what the caller calls hidden, bias and targets (torch's drop-in: input,
+    linear_bias, target). Returns (H, V)."""
+    hidden, bias, targets = names
+    hidden_shape = _shape(hidden_shape)
+    weight_shape = _shape(weight_shape)
+    targets_shape = _shape(targets_shape)
+    if len(hidden_shape) == 0:
+        raise ValueError(
+            f"`{hidden}` must have at least one dimension (the features). "
+            f"Received: {hidden}.shape=()."
+        )
+    size = hidden_shape[-1]
+    layout = "(H, V)" if vocab_axis == 1 else "(V, H)"
+    if len(weight_shape) != 2 or weight_shape[1 - vocab_axis] != size:
+        raise ValueError(
+            f"`linear_weight` must have shape {layout} with H = {size}, the last dimension of "
+            f"{hidden}. Received: linear_weight.shape={weight_shape}."
+        )
+    num_classes = weight_shape[vocab_axis]
+    if bias_shape is not None and _shape(bias_shape) != (num_classes,):
+        raise ValueError(
+            f"`{bias}` must be a vector of length {num_classes} (one entry per class). "
+            f"Received: {bias}.shape={_shape(bias_shape)}."
+        )
+    if targets_shape != hidden_shape[:-1]:
+        raise ValueError(
+            f"`{targets}` of class indices must have shape {hidden_shape[:-1]}, the {hidden} "
+            f"shape {hidden_shape} without its last dimension. "
+            f"Received: {targets}.shape={targets_shape}."
+        )
+    return size, num_classes
+
+
+def index_targets(is_integer: bool, dtype: object, name: str = "targets") -> None:
+    """The fused linear losses take class indices only."""
+    if not is_integer:
+        raise TypeError(
+            f"`{name}` must hold integer class indices. Received: {name}.dtype={dtype}."
+        )
+
+
+def chunk_size(chunk_size: object) -> int | None:
+    """Rows per chunk of the fused linear losses: None (chosen from the shapes) or an int >= 1."""
+    if chunk_size is None:
+        return None
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral):
+        raise TypeError(
+            f"`chunk_size` must be None or an integer. Received: chunk_size={chunk_size!r}."
+        )
+    if chunk_size < 1:
+        raise ValueError(f"`chunk_size` must be >= 1. Received: chunk_size={chunk_size!r}.")
+    return int(chunk_size)
+
+
+def default_chunk_size(
+    num_rows: int, num_classes: int, budget: int = 1 << 22, fraction: int | None = None
+) -> int:
+    """Rows per chunk when `chunk_size` is None: each (rows, V) block of logits holds at most
+    `budget` (4M) entries, 16 MB in float32, a power of two between 1 and the number of rows.
+
+    With `fraction` the budget grows to 1/fraction of the N x V logits, up to 4 x `budget`:
+    fewer, taller blocks make the dW accumulation (one (V, H) read and write per block) cheaper.
+    """
+    if fraction is not None:
+        budget = min(max(budget, num_rows * num_classes // fraction), 4 * budget)
+    rows = max(1, budget // max(num_classes, 1))
+    rows = 1 << (rows.bit_length() - 1)
+    return max(1, min(rows, max(num_rows, 1)))

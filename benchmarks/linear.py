@@ -1,0 +1,248 @@
+"""The fused linear + cross-entropy / focal losses against the alternatives (issue 13).
+
+    python -m benchmarks.linear                      # (4096, 256, 32000) float32, fwd+bwd
+    python -m benchmarks.linear --big                # also memory at (8192, 512, 128000)
+    python -m benchmarks.linear --tiny               # seconds; tests/test_linear_benchmark.py
+    python -m benchmarks.linear --json out.json
+
+Time (median of --reps forward+backward calls after one warm-up, same process, same inputs):
+torch: ours (``torch_impl.linear_softmax_cross_entropy``), torch's chunked
+``F.linear_cross_entropy(..., options=LinearCrossEntropyOptions())``, unfused ``F.linear`` +
+``F.cross_entropy``, and our focal loss; JAX: jitted ``value_and_grad`` of ours, unfused
+(``hidden @ weight`` + ``optax.softmax_cross_entropy_with_integer_labels``) and our focal loss.
+The load average (``os.getloadavg()``) is printed with every row: on a shared machine the ratios
+are rough.
+
+Memory: torch, in a fresh process per measurement, the peak resident set (VmHWM) during one
+forward+backward minus the resident set of a baseline that holds the inputs and tensors the size
+of their gradients (a warm-up call at a tiny shape loads the kernels first); JAX, XLA's
+``temp_size_in_bytes`` of the compiled ``value_and_grad`` (no run needed). Both as a multiple of
+the float32 logits' bytes N V 4.
+
+Goals (issue 13): extra memory <= 0.1x logits; time <= 1.0x torch chunked and <= 1.1x unfused;
+focal <= 1.2x our CE.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TORCH_METHODS = ("ours", "torch_chunked", "unfused", "ours_focal")
+JAX_METHODS = ("ours", "unfused", "ours_focal")
+
+
+def _torch_inputs(n, h, v, seed=0):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=g).requires_grad_()
+    weight = (torch.randn(v, h, generator=g) / h**0.5).requires_grad_()
+    targets = torch.randint(0, v, (n,), generator=g)
+    return hidden, weight, targets
+
+
+def _torch_loss(method):
+    import torch
+    import torch.nn.functional as F
+
+    from dualloss import torch_impl
+
+    if method == "ours":
+        return lambda h, w, y: torch_impl.linear_softmax_cross_entropy(h, w, y)
+    if method == "ours_focal":
+        return lambda h, w, y: torch_impl.linear_softmax_focal_loss(h, w, y, gamma=2.0)
+    if method == "torch_chunked":
+        options = torch.nn.LinearCrossEntropyOptions()
+        return lambda h, w, y: F.linear_cross_entropy(h, w, y, options=options)
+    if method == "unfused":
+        return lambda h, w, y: F.cross_entropy(F.linear(h, w), y)
+    raise ValueError(f"`method` must be one of {TORCH_METHODS}. Received: method={method!r}.")
+
+
+def _step(loss, hidden, weight, targets):
+    hidden.grad = weight.grad = None
+    value = loss(hidden, weight, targets)
+    value.backward()
+    return value
+
+
+def torch_times(n, h, v, reps):
+    """Median seconds of one forward+backward per method, interleaved across repetitions."""
+    hidden, weight, targets = _torch_inputs(n, h, v)
+    losses = {m: _torch_loss(m) for m in TORCH_METHODS}
+    for loss in losses.values():
+        _step(loss, hidden, weight, targets)
+    times = {m: [] for m in TORCH_METHODS}
+    for rep in range(reps):
+        order = TORCH_METHODS if rep % 2 == 0 else TORCH_METHODS[::-1]
+        for method in order:
+            start = time.perf_counter()
+            _step(losses[method], hidden, weight, targets)
+            times[method].append(time.perf_counter() - start)
+    return {m: statistics.median(t) for m, t in times.items()}
+
+
+def _rss(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _torch_memory_child(method, n, h, v):
+    """Run in a fresh process: extra peak bytes of one forward+backward beyond the baseline."""
+    import torch
+
+    loss = _torch_loss(method)
+    # load the kernels and thread pools at a tiny shape first
+    _step(loss, *_torch_inputs(8, h, min(v, 64)))
+    hidden, weight, targets = _torch_inputs(n, h, v)
+    # the baseline holds the inputs and tensors the size of their gradients
+    stand_ins = [torch.ones_like(hidden), torch.ones_like(weight)]
+    baseline = _rss("VmRSS")
+    del stand_ins
+    _step(loss, hidden, weight, targets)
+    return max(0, _rss("VmHWM") - baseline)
+
+
+def torch_memory(method, n, h, v):
+    code = (
+        f"import json, sys; sys.path.insert(0, {ROOT!r}); from benchmarks import linear; "
+        f"print(json.dumps(linear._torch_memory_child({method!r}, {n}, {h}, {v})))"
+    )
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _jax_functions(n, h, v):
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from dualloss import jax_impl
+
+    key = jax.random.PRNGKey(0)
+    hidden = jax.random.normal(key, (n, h), jnp.float32)
+    weight = jax.random.normal(jax.random.PRNGKey(1), (h, v), jnp.float32) / h**0.5
+    targets = jax.random.randint(jax.random.PRNGKey(2), (n,), 0, v)
+    losses = {
+        "ours": lambda x, w: jax_impl.linear_softmax_cross_entropy(x, w, targets),
+        "ours_focal": lambda x, w: jax_impl.linear_softmax_focal_loss(x, w, targets, gamma=2.0),
+        "unfused": lambda x, w: jnp.mean(
+            optax.softmax_cross_entropy_with_integer_labels(x @ w, targets)
+        ),
+    }
+    jitted = {m: jax.jit(jax.value_and_grad(f, argnums=(0, 1))) for m, f in losses.items()}
+    return jitted, hidden, weight
+
+
+def jax_memory(n, h, v):
+    """XLA temp_size_in_bytes of each compiled value_and_grad (compiled, never run)."""
+    jitted, hidden, weight = _jax_functions(n, h, v)
+    return {
+        m: f.lower(hidden, weight).compile().memory_analysis().temp_size_in_bytes
+        for m, f in jitted.items()
+    }
+
+
+def jax_times(n, h, v, reps):
+    import jax
+
+    jitted, hidden, weight = _jax_functions(n, h, v)
+    for f in jitted.values():
+        jax.block_until_ready(f(hidden, weight))
+    times = {m: [] for m in jitted}
+    for rep in range(reps):
+        order = list(jitted) if rep % 2 == 0 else list(jitted)[::-1]
+        for method in order:
+            start = time.perf_counter()
+            jax.block_until_ready(jitted[method](hidden, weight))
+            times[method].append(time.perf_counter() - start)
+    return {m: statistics.median(t) for m, t in times.items()}
+
+
+def _load():
+    return "load {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
+
+
+def run(n, h, v, reps, measure_time=True, frameworks=("torch", "jax"), torch_methods=None):
+    """Measures and prints; returns the results as a dict (JSON-ready)."""
+    logits = n * v * 4
+    result = {"shape": [n, h, v], "logits_bytes": logits, "torch": {}, "jax": {}}
+    print(f"(N, H, V) = ({n}, {h}, {v}) float32, logits {logits / 2**20:.0f} MiB, {_load()}")
+    if "torch" in frameworks:
+        for method in torch_methods or TORCH_METHODS:
+            extra = torch_memory(method, n, h, v)
+            result["torch"].setdefault(method, {})["extra_peak_bytes"] = extra
+            print(f"  torch {method:14s} extra peak {extra / 2**20:8.1f} MiB = "
+                  f"{extra / logits:.3f}x logits   [{_load()}]")  # fmt: skip
+    if "jax" in frameworks:
+        for method, temp in jax_memory(n, h, v).items():
+            result["jax"].setdefault(method, {})["temp_bytes"] = temp
+            print(f"  jax   {method:14s} XLA temp   {temp / 2**20:8.1f} MiB = "
+                  f"{temp / logits:.3f}x logits")  # fmt: skip
+    if not measure_time:
+        return result
+    if "torch" in frameworks:
+        times = torch_times(n, h, v, reps)
+        result["torch_load"] = os.getloadavg()
+        for method, seconds in times.items():
+            result["torch"][method]["seconds"] = seconds
+        print(f"  torch times [{_load()}]: " + ", ".join(f"{m} {s:.3f}s" for m, s in times.items()))
+        ours = times["ours"]
+        print(
+            f"  torch ratios: ours/chunked {ours / times['torch_chunked']:.2f} (goal <= 1.0), "
+            f"ours/unfused {ours / times['unfused']:.2f} (<= 1.1), "
+            f"focal/ours {times['ours_focal'] / ours:.2f} (<= 1.2)"
+        )
+    if "jax" in frameworks:
+        times = jax_times(n, h, v, reps)
+        result["jax_load"] = os.getloadavg()
+        for method, seconds in times.items():
+            result["jax"][method]["seconds"] = seconds
+        print(f"  jax times [{_load()}]: " + ", ".join(f"{m} {s:.3f}s" for m, s in times.items()))
+        print(
+            f"  jax ratios: ours/unfused {times['ours'] / times['unfused']:.2f} (<= 1.1), "
+            f"focal/ours {times['ours_focal'] / times['ours']:.2f} (<= 1.2)"
+        )
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true", help="(64, 16, 500), one repetition")
+    parser.add_argument("--big", action="store_true", help="also memory at (8192, 512, 128000)")
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    results = []
+    if args.tiny:
+        results.append(run(64, 16, 500, 1))
+    else:
+        results.append(run(4096, 256, 32000, args.reps))
+        if args.big:
+            # memory only: the unfused torch loss would hold ~3 x 4 GiB; ours, chunked and XLA's
+            # analysis (compile only) are measured
+            results.append(
+                run(8192, 512, 128000, 1, measure_time=False,
+                    torch_methods=("ours", "torch_chunked", "ours_focal"))
+            )  # fmt: skip
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(results, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
