@@ -75,9 +75,9 @@ MUTATIONS = (
         "    log1p_s = jnp.log(1.0 + s)\n    # log s",
     ),
     Mutation(
-        "jax_impl", "softmax_cross_entropy", "the shift z_top a stop_gradient constant",
-        "    z_top = _at(z, top)[..., None]\n    # a +inf",
-        "    z_top = jax.lax.stop_gradient(_at(z, top)[..., None])\n    # a +inf",
+        "jax_impl", "softmax_cross_entropy", "the top's e - 1 in s as the constant 0",
+        "    s = jnp.sum(jnp.where(at_top, e - 1.0, e), axis=-1, keepdims=True) + ties\n",
+        "    s = jnp.sum(jnp.where(at_top, 0.0, e), axis=-1, keepdims=True) + ties\n",
         "hessian or check_grads", "tests/test_jax_transforms.py",
     ),
     Mutation(

@@ -499,29 +499,34 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
 def _softmax_cross_entropy_terms_at(z, y, a_y, keep):
     """`_softmax_focal_terms_at` for gamma = 0, the hot path: two passes, as optax.
 
-    Neither log(1 - p) nor the focal weight is needed. With s = sum_{c != top} exp(z_c - z_top)
-    (top: the first largest logit), the normaliser is 1 + s exactly, and
-      log p_y = (z_y - z_top) - log1p(s),  1 - p_y = s / (1 + s) where y = top,
+    Neither the argmax nor log(1 - p) is needed. With e = exp(z - z_top), the normaliser is 1 + s,
+    s = sum_c e_c - 1, formed as sum_c (e_c - [c at the top]) + (ties - 1): the classes at the
+    top contribute e - 1 = 0 exactly (and e's derivative), so s keeps full relative accuracy
+    when it is tiny, and
+      log p_y = (z_y - z_top) - log1p(s),  1 - p_y = (s - (e_y - 1)) / (1 + s) where z_y = z_top,
     so a confident row keeps its tiny loss and target gradient (log(1 + s) would round both to 0
-    once s < u). The shift is the top's own logit, not a stopped constant: s then carries its
-    derivative along z_top, and the Hessians (forward mode over this gradient) are right.
+    once s < u). The shift is a constant (stop_gradient: the normaliser is invariant to it); the
+    derivatives of e, also at the top, carry everything, so the Hessians (forward mode over this
+    gradient) are right.
     """
-    top = jnp.argmax(z, axis=-1)
-    z_top = _at(z, top)[..., None]
-    # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does (argmax picks it)
+    # shift by the largest logit (a constant: the shift cancels in log p); a row of -inf gives NaN
+    z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
     z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
     shifted = z - z_top
-    classes = jnp.arange(z.shape[-1])
-    is_top = classes == top[..., None]
-    exp_shifted = jnp.exp(shifted)
-    s = jnp.sum(jnp.where(is_top, 0.0, exp_shifted), axis=-1, keepdims=True)
+    e = jnp.exp(shifted)
+    at_top = shifted == 0.0
+    ties = jnp.sum(at_top, axis=-1, keepdims=True, dtype=z.dtype) - 1.0
+    s = jnp.sum(jnp.where(at_top, e - 1.0, e), axis=-1, keepdims=True) + ties
     log1p_s = jnp.log1p(s)
-    is_y = classes == y[..., None]
-    log_p_y = _at(shifted, y) - log1p_s[..., 0]
+    is_y = jnp.arange(z.shape[-1]) == y[..., None]
+    shifted_y = _at(shifted, y)
+    log_p_y = shifted_y - log1p_s[..., 0]
     inverse = 1.0 / (1.0 + s)
-    p = exp_shifted * inverse
+    p = e * inverse
     # p_y - 1, free of cancellation where p_y is close to 1 (only at the top)
-    p_y_minus_1 = jnp.where(y == top, -(s * inverse)[..., 0], _at(p, y) - 1.0)
+    not_p_y_top = (s[..., 0] - (_at(e, y) - 1.0)) * inverse[..., 0]
+    p_y_minus_1 = jnp.where(shifted_y == 0.0, -not_p_y_top, _at(p, y) - 1.0)
     # 0 log 0 = 0: no target mass (zero weight) contributes nothing; d/da_y = -log p_y also at
     # a_y = 0 (0 where p_y = 0)
     no_p = log_p_y == -jnp.inf
