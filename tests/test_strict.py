@@ -27,20 +27,17 @@ EXACT = {"float64": np.float64, "float32": np.float32}
 def _run(backend: str, name: str, logits: np.ndarray, targets: np.ndarray, dtype: str, **opts):
     """Value and logits gradient of one backend (class axis last), as float64 NumPy."""
     if backend == "torch":
+        # softmax: class dim 1 in torch (index targets keep their shape); sigmoid: as it is
+        softmax = losses.get(name).is_softmax
         index = np.issubdtype(targets.dtype, np.integer)
-        x = B.torch_array(B.to_torch_layout(logits), dtype, "cpu").requires_grad_(True)
-        t = B.torch_array(
-            targets if index or targets.ndim < 2 else B.to_torch_layout(targets), dtype, "cpu"
-        )
-        if not losses.get(name).is_softmax:
-            x = B.torch_array(logits, dtype, "cpu").requires_grad_(True)
-            t = B.torch_array(targets, dtype, "cpu")
+        x = B.torch_array(B.to_torch_layout(logits) if softmax else logits, dtype, "cpu")
+        x.requires_grad_(True)
+        t = B.torch_array(targets if index or not softmax else B.to_torch_layout(targets), dtype,
+                          "cpu")  # fmt: skip
         value = getattr(torch_impl, name)(x, t, **opts)
         value.sum().backward()
         grad = x.grad.double().numpy()
-        if losses.get(name).is_softmax:
-            grad = np.moveaxis(grad, 1, -1)
-        return value.detach().double().numpy(), grad
+        return value.detach().double().numpy(), np.moveaxis(grad, 1, -1) if softmax else grad
     with jax.enable_x64(dtype == "float64"):
         x = B.jax_array(logits, dtype, jax.devices("cpu")[0])
         t = B.jax_array(targets, dtype, jax.devices("cpu")[0])
