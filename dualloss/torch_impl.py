@@ -19,8 +19,14 @@ function by function with the same local names. What differs:
   (with the "double where" around every branch), so ``create_graph=True`` gives second-order
   gradients.
 * Fast path: class-index targets without label smoothing never build an N x C target tensor;
-  only the target's column is gathered (``_softmax_focal_terms_sparse``, the spec's
-  ``_softmax_focal_terms`` with a one-hot ``a``).
+  only the target's column is gathered (the spec's ``_softmax_focal_terms`` with a one-hot
+  ``a``). For float32/float64 logits this is ``_SoftmaxAtTarget``: torch's fused softmax, the
+  row maximum of p and the others' share q = 1 - p_top in forward, and one multiplication per
+  entry in backward (p v_y off the target, -(1 - p_y) v_y at it, from one value per row). It
+  keeps p for backward (the size of the logits) instead of the logits, and p and q are outputs of
+  that Function, so ``create_graph=True`` differentiates the backward through them. Half inputs
+  (whose own logits are the smaller thing to keep) and class weights that require grad take the
+  general path (``_softmax_focal_terms_sparse``).
 * ``log(1 - p_top)`` uses ``log s`` directly (s = sum_{j != top} exp(z_j - z_top)) instead of the
   spec's runner-up rescaling; when s underflows, every term it enters is O(s^(1 + gamma)), below
   the dtype's smallest normal number, so nothing representable changes.
@@ -623,6 +629,160 @@ _softmax_focal_loss = _with_closed_form_grad(_softmax_loss_or_grad, 4)
 
 
 # ----------------------------------------------------------------------------------------------
+# Fast path: class-index targets without label smoothing, float32/float64 logits
+# ----------------------------------------------------------------------------------------------
+
+
+def _target_rows(p_y, log_p_y, q, p_top, is_top, a_y, gamma):
+    """For the target class y of each row ([..., 1] each): v_y, the coefficient of the gradient
+    (p_j v_y off y, -(1 - p_y) v_y at y), 1 - p_y and (1 - p_y)^gamma (None for gamma = 0).
+
+    `q` = 1 - p_top = sum_{j != top} p_j (no cancellation), so at the top 1 - p_y = q and
+    s = sum_{j != top} exp(z_j - z_top) = q / p_top, the quantities ``_focal_phi`` takes.
+    """
+    not_p_y = torch.where(is_top, q, 1.0 - p_y)
+    if gamma == 0.0:
+        return a_y, not_p_y, None
+    # log(1 - p_y): log q at the top (-inf below the smallest normal, double where: the
+    # second-order gradient of log q at q = 0 stays out), log1p(-p_y) elsewhere
+    tiny = torch.finfo(q.dtype).tiny
+    q_normal = q >= tiny
+    log_q = torch.where(q_normal, torch.log(torch.where(q_normal, q, 1.0)), -math.inf)
+    log_not_p = torch.where(is_top, log_q, torch.log1p(-torch.where(is_top, 0.0, p_y)))
+    focal_weight = torch.exp(gamma * log_not_p)
+    s = q / p_top
+    phi = _focal_phi(log_p_y, p_y, not_p_y, is_top, s, torch.log1p(s))
+    return a_y * focal_weight * (1.0 - gamma * phi), not_p_y, focal_weight
+
+
+class _SoftmaxAtTarget(torch.autograd.Function):
+    """Softmax CE / focal loss with class-index targets, no label smoothing: the fast path.
+
+    forward(z, y, a_y, keep, gamma) with z the class-last logits (float32 or float64), y and a_y
+    of shape [..., 1], keep [...] or None, returns (loss [...], p [..., C], q [..., 1]). Three
+    passes over N x C in forward (torch's fused softmax, the row maximum of p, the sum of the
+    others' share q = 1 - p_top) and one in backward (p times one number per row, then the
+    target's entry): the backward recomputes nothing. The saved tensor is p (the size of the
+    logits; the logits themselves are not kept).
+
+      log p_y = (z_y - z_top) - log1p(s),  s = q / p_top = sum_{j != top} exp(z_j - z_top)
+
+    (the top's 1 never enters s, so a confident row keeps its tiny loss log1p(s) where softmax's
+    p_y rounds to 1; the ratio q / p_top also cancels the rounding of softmax's row sum).
+
+    p and q are outputs of the function (saved as such), so under ``create_graph=True`` the
+    backward, written in differentiable ops of p and q, is differentiated through them: their
+    gradients come back here as grad_p (softmax's Jacobian) and grad_q (q = 1 - p_top).
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(z, y, a_y, keep, gamma):
+        p = torch.softmax(z, dim=-1)
+        p_top, top = torch.max(p, dim=-1, keepdim=True)
+        if _inplace(p, top):
+            q = p.scatter_(-1, top, 0.0).sum(dim=-1, keepdim=True)
+            p.scatter_(-1, top, p_top)
+        else:
+            q = p.scatter(-1, top, 0.0).sum(dim=-1, keepdim=True)
+        if keep is not None:
+            # an ignored row with a NaN or inf logit has a NaN softmax; its gradient is 0 (p * 0
+            # would be NaN), so its p becomes one-hot at the top (a finite point of the simplex,
+            # q = 0): on the CPU only when there is such a row (no sync), elsewhere one masked pass
+            bad = (~keep).unsqueeze(-1) & torch.isnan(q + p_top)
+            if not (_inplace(p, bad) and _reads_on_host(p) and not bool(bad.any())):
+                p_top = torch.where(bad, 1.0, p_top)
+                q = torch.where(bad, 0.0, q)
+                p = torch.where(bad, 0.0, p).scatter_(-1, top, p_top)
+        is_top = y == top
+        # s = q / p_top: the rounding of the softmax's own row sum cancels out of the ratio
+        log_p_y = (z.gather(-1, y) - z.gather(-1, top)) - torch.log1p(q / p_top)
+        p_y = torch.exp(log_p_y)
+        k = 1.0 / (p_top + q)
+        _, _, focal_weight = _target_rows(p_y, log_p_y, q * k, p_top * k, is_top, a_y, gamma)
+        weighted = a_y if focal_weight is None else a_y * focal_weight
+        # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
+        loss = -(weighted * torch.where((a_y == 0.0) & (log_p_y == -math.inf), 0.0, log_p_y))
+        loss = loss.squeeze(-1)
+        if keep is not None:
+            # ignored elements give 0, whatever their logits
+            loss = torch.where(keep, loss, 0.0)
+        return loss, p, q, top
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _, y, a_y, _, gamma = inputs
+        _, p, q, top = output
+        ctx.save_for_backward(p, q, top, y, a_y)
+        ctx.gamma = gamma
+        ctx.mark_non_differentiable(top)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_p, grad_q, _grad_top):
+        p, q, top, y, a_y = ctx.saved_tensors
+        grad = None
+        if grad_loss is not None:
+            is_top = y == top
+            # softmax's row sum is rounded by its own kernel (tens of ULP at C ~ 30k); the sum
+            # of its terms is p_top + q (cascade summation), so k = 1 / (p_top + q) renormalises
+            # p to within a few ULP (k is 1 in exact arithmetic: under create_graph it adds
+            # nothing, as dq = -dp_top)
+            k = 1.0 / (p.gather(-1, top) + q)
+            p_y = p.gather(-1, y) * k
+            p_top = p.gather(-1, top) * k
+            q = q * k
+            # log p_y enters only phi (as p_y log p_y): p_y from the softmax is enough here
+            has_p = p_y > 0.0
+            log_p_y = torch.where(
+                is_top,
+                torch.log1p(-q),
+                torch.where(has_p, torch.log(torch.where(has_p, p_y, 1.0)), -math.inf),
+            )
+            v, not_p_y, _ = _target_rows(p_y, log_p_y, q, p_top, is_top, a_y, ctx.gamma)
+            coefficient = grad_loss.unsqueeze(-1) * v
+            if _inplace(p, coefficient) and not torch.is_grad_enabled():
+                grad = torch.mul(p, coefficient * k).scatter_(-1, y, -not_p_y * coefficient)
+            else:
+                grad = (p * (coefficient * k)).scatter(-1, y, -not_p_y * coefficient)
+        if grad_p is not None:
+            # the softmax's Jacobian: p (grad_p - sum_k p_k grad_p_k)
+            through_p = torch._softmax_backward_data(grad_p, p, -1, p.dtype)
+            grad = through_p if grad is None else grad + through_p
+        if grad_q is not None:
+            # q = 1 - p_top: dq/dz_k = p_top p_k off the top, -p_top q at it
+            scale = grad_q * p.gather(-1, top)
+            through_q = (p * scale).scatter(-1, top, -scale * q)
+            grad = through_q if grad is None else grad + through_q
+        return grad, None, None, None, None
+
+
+def _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index):
+    """The per-element loss through ``_SoftmaxAtTarget`` (its outputs p, q, top only feed the
+    backward)."""
+    z, _, y, a_y, keep, _ = _softmax_targets(
+        logits, targets, where, class_weight, axis, ignore_index, 0.0
+    )
+    loss, _, _, _ = _SoftmaxAtTarget.apply(z, y, a_y, keep, gamma)
+    return loss
+
+
+def _at_target(logits, class_weight, label_smoothing, is_index):
+    """Whether ``_SoftmaxAtTarget`` applies: class indices, no smoothing, float32/float64 logits
+    (half inputs keep their own, smaller, saved logits), no class weight that needs a gradient."""
+    return (
+        is_index
+        and label_smoothing == 0.0
+        and logits.dtype in (torch.float32, torch.float64)
+        and (
+            class_weight is None
+            or (not class_weight.requires_grad and _values_are_concrete(class_weight))
+        )
+    )
+
+
+# ----------------------------------------------------------------------------------------------
 # Reductions
 # ----------------------------------------------------------------------------------------------
 
@@ -667,9 +827,12 @@ def _softmax(
     logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index = (
         _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where)
     )
-    loss = _softmax_focal_loss(
-        logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing
-    )
+    if _at_target(logits, class_weight, label_smoothing, is_index):
+        loss = _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index)
+    else:
+        loss = _softmax_focal_loss(
+            logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing
+        )
     if reduction != "mean":
         denominator = None
     else:

@@ -94,6 +94,8 @@ BACKEND_EXTRAS = {
         "_other_input_grads",
         # the row statistics shared by the dense and the sparse path
         "_row_stats", "_softmax_focal_terms_sparse", "_softmax_loss_or_grad",
+        # the class-index fast path: torch's fused softmax, the gradient from the saved p alone
+        "_SoftmaxAtTarget", "_target_rows", "_softmax_at_target", "_at_target",
         # fused element-wise kernels and the loss-or-gradient bodies of the sigmoid losses
         "_addcmul", "_sigmoid_cross_entropy_or_grad", "_sigmoid_focal_loss_or_grad",
         # sigma(x) - t in one form free of cancellation (the spec's is two sigmoids)

@@ -420,6 +420,57 @@ def test_saves_nothing_beyond_its_inputs(loss):
         assert _saved_bytes(lambda: getattr(ti, loss)(logits, targets), logits, targets) <= 8
 
 
+@pytest.mark.parametrize("loss", SOFTMAX)
+def test_class_index_path_keeps_the_probabilities_once_and_not_the_logits(loss):
+    """Class indices without smoothing (the fast path): what backward keeps is one tensor the
+    size of the logits (the probabilities) plus O(N), never the logits themselves, and a second
+    backward (retain_graph) gives the same gradient (the saved tensor is not changed in place)."""
+    logits = torch.randn(64, 10, requires_grad=True)
+    targets = torch.randint(0, 10, (64,))
+    targets[5] = -100
+    saved = []
+
+    def pack(x):
+        saved.append(x)
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        value = getattr(ti, loss)(logits, targets)
+    storages = {x.untyped_storage().data_ptr(): x for x in saved}
+    assert logits.untyped_storage().data_ptr() not in storages
+    big = [x for x in storages.values() if x.numel() > 64]
+    assert [tuple(x.shape) for x in big] == [(64, 10)], [x.shape for x in saved]
+    # p, then q, top, y, a_y (one value per row each) and the mean's scalars
+    assert sum(x.numel() for x in storages.values()) <= 64 * 10 + 4 * 64 + 8
+    (first,) = torch.autograd.grad(value, logits, retain_graph=True)
+    (second,) = torch.autograd.grad(value, logits)
+    assert torch.equal(first, second)
+    assert torch.equal(first[5], torch.zeros(10)) and first.abs().sum() > 0
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+@pytest.mark.parametrize("loss", SOFTMAX)
+def test_ignored_element_with_nan_logits_gives_zero_loss_and_gradient(loss, bad):
+    """Ignored elements give 0 whatever their logits, gradient included: eagerly (where the row
+    is found on the host) and under torch.func.vmap (where it is masked on the device)."""
+    logits = torch.zeros(3, 4, dtype=torch.float64)
+    logits[1, 2] = bad
+    targets = torch.tensor([0, -100, 2])
+    options = {"gamma": 0.5} if losses.get(loss).is_focal else {}
+
+    def f(z):
+        return getattr(ti, loss)(z, targets, reduction="sum", **options)
+
+    z = logits.clone().requires_grad_(True)
+    value = getattr(ti, loss)(z, targets, reduction="none", **options)
+    assert value[1] == 0.0 and torch.isfinite(value).all()
+    (grad,) = torch.autograd.grad(value.sum(), z)
+    assert torch.equal(grad[1], torch.zeros(4, dtype=torch.float64))
+    assert torch.isfinite(grad).all() and grad[0].abs().sum() > 0
+    batched = torch.func.vmap(torch.func.grad(f))(torch.stack([logits, logits]))
+    torch.testing.assert_close(batched[0], grad, rtol=1e-12, atol=0.0)
+
+
 # ----------------------------------------------------------------------------------------------
 # Drop-ins against torch itself
 # ----------------------------------------------------------------------------------------------
