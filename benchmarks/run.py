@@ -117,6 +117,9 @@ class TimeRow:
     status: str = ""
     dualloss_ms_all: list[float] = field(default_factory=list)
     peer_ms_all: list[float] = field(default_factory=list)
+    # the bandwidth floor at this shape (see ``bandwidth_floor``) and dualloss_ms / floor_ms
+    floor_ms: float = math.nan
+    floor_ratio: float = math.nan
 
 
 @dataclass
@@ -176,6 +179,64 @@ def interleave(
             peer.append(step_peer())
             cand.append(step_cand())
     return cand, peer
+
+
+# ----------------------------------------------------------------------------------------------
+# Bandwidth floor
+# ----------------------------------------------------------------------------------------------
+
+
+def bandwidth_floor(shape, device: str, reps: int, warmup: int) -> float:
+    """The least time any forward+backward can take: reading the logits and writing their
+    gradient once. Measured as the median time (ms) of a ``Tensor.copy_`` of an N x C float32
+    buffer into another on `device` (a canonical name, 'cpu' or 'gpu:N'), which reads and writes
+    exactly those bytes; with JAX (a jitted ``2 * x``) where torch is not installed."""
+    n, c = shape
+    try:
+        import torch
+    except ImportError:
+        import jax
+        import jax.numpy as jnp
+
+        src = jax.device_put(jnp.ones((n, c), jnp.float32), D.device_object("jax", device))
+        double = jax.jit(lambda x: 2.0 * x)
+        times = interleave(_jax_step(lambda x, _: double(x), src, None), lambda: 0.0,
+                           reps, warmup)[0]  # fmt: skip
+        return statistics.median(times)
+    dev = D.torch_name(device)
+    src = torch.ones((n, c), dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    cuda = dev.startswith("cuda")
+
+    def step() -> float:
+        if cuda:
+            torch.cuda.synchronize(dev)
+        start = time.perf_counter()
+        dst.copy_(src)
+        if cuda:
+            torch.cuda.synchronize(dev)
+        return (time.perf_counter() - start) * 1e3
+
+    return statistics.median(interleave(step, lambda: 0.0, reps, warmup)[0])
+
+
+def set_floors(time_rows: list[TimeRow], floors: dict[tuple[int, int], float]) -> None:
+    for row in time_rows:
+        row.floor_ms = floors.get(tuple(row.shape), math.nan)
+        row.floor_ratio = row.dualloss_ms / row.floor_ms
+
+
+def floor_line(floors: dict[tuple[int, int], float]) -> str:
+    parts = [
+        f"{_shape(shape)} {ms:.3f} ms ({2 * 4 * shape[0] * shape[1] / ms / 1e6:.1f} GB/s)"
+        for shape, ms in floors.items()
+    ]
+    return (
+        "Bandwidth floor (reading the float32 logits and writing their gradient once: the median"
+        " time of a copy_ of an N x C buffer, measured in this run; GB/s counts both): "
+        + "; ".join(parts)
+        + ". The floor column is dualloss ms / floor ms."
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -502,15 +563,15 @@ def _shape(shape) -> str:
 def time_table(rows: list[TimeRow]) -> str:
     lines = [
         "| framework | loss | N x C | device | dualloss ms | peer | peer ms | ratio | paired "
-        "| target | |",
-        "|---|---|---|---|---:|---|---:|---:|---:|---:|---|",
+        "| target | | / floor |",
+        "|---|---|---|---|---:|---|---:|---:|---:|---:|---|---:|",
     ]
     for r in rows:
         target = f"<= {r.target:.2f}" if r.target is not None else ""
         lines.append(
             f"| {r.framework} | {r.loss} | {_shape(r.shape)} | {r.device} | {r.dualloss_ms:.2f} "
             f"| {r.peer} | {r.peer_ms:.2f} | {r.ratio:.2f} | {r.paired_ratio:.2f} | {target} "
-            f"| {r.status} |"
+            f"| {r.status} | {r.floor_ratio:.1f}x |"
         )
     return "\n".join(lines)
 
@@ -904,12 +965,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             profiles.append(profile_jax(losses, shapes[0], candidates, peer_fns))
 
     judge(time_rows, memory_rows)
+    floors = {}
+    for shape in shapes:
+        log(f"bandwidth floor {shape} ...")
+        floors[tuple(shape)] = bandwidth_floor(shape, name, max(reps, 11), warmup)
+    set_floors(time_rows, floors)
     machine = machine_line(time_rows)
     report = "\n\n".join(
         [
             f"Machine: {machine}.",
             "Forward+backward, median ms; ratio = median dualloss / median peer (below 1: dualloss"
             " faster); paired = median over repetitions of the ratio within each interleaved pair.",
+            floor_line(floors),
             time_table(time_rows),
             memory_table(memory_rows),
             f"Targets (float32; time: the median of the per-pair ratios, at {_shape(TARGET_SHAPE)}"
@@ -931,6 +998,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "machine": machine,
                     "time": [asdict(r) for r in time_rows],
                     "memory": [asdict(r) for r in memory_rows],
+                    "floor_ms": {_shape(s): ms for s, ms in floors.items()},
                 },
                 f,
                 indent=1,
