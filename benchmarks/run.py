@@ -123,6 +123,28 @@ class TimeRow:
 
 
 @dataclass
+class CompileRow:
+    """``torch.compile(dualloss)`` against ``torch.compile(peer)``, forward+backward (no goal).
+    A side that fails to compile or run has its error here and NaN times."""
+
+    loss: str
+    shape: tuple[int, int]
+    device: str
+    peer: str
+    backend: str
+    dualloss_ms: float = math.nan
+    peer_ms: float = math.nan
+    ratio: float = math.nan
+    paired_ratio: float = math.nan
+    reps: int = 0
+    # seconds of the first forward+backward (compilation of both graphs included)
+    compile_s: dict[str, float] = field(default_factory=dict)
+    # dynamo's graph-break count while compiling and warming up each side
+    graph_breaks: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class MemoryRow:
     framework: str
     loss: str
@@ -425,6 +447,55 @@ def bench_torch(losses, shapes, device, reps, warmup, candidates, peer_fns, log,
     return time_rows, memory_rows
 
 
+def _error_text(error: BaseException, limit: int = 300) -> str:
+    lines = str(error).strip().splitlines()
+    text = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def bench_torch_compile(
+    losses, shape, device, reps, warmup, candidates, peer_fns, log, backend: str = "inductor"
+) -> list[CompileRow]:
+    """Times ``torch.compile(dualloss)`` against ``torch.compile(peer)``, forward+backward, at
+    one shape: both compiled (default mode, `backend`) and warmed up outside the timing, then
+    interleaved like the eager rows. A compile or run failure becomes the row's error."""
+    import torch
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    label = D.canonical("gpu" + device[4:] if device.startswith("cuda") else device)
+    device = D.torch_name(label)
+    rows = []
+    for loss in losses:
+        row = CompileRow(loss, tuple(shape), label, peers.PEER_NAMES["torch", loss], backend)
+        rows.append(row)
+        logits, targets = _torch_tensors(loss, shape, device)
+        torch._dynamo.reset()  # a fresh cache per loss: no recompile limits carried over
+        compiled = {}
+        for side, fn in (("dualloss", candidates[loss]), ("peer", peer_fns[loss])):
+            log(f"torch.compile({backend}) {side} {loss} {shape} ...")
+            breaks = sum(counters["graph_break"].values())
+            try:
+                step = _torch_step(torch.compile(fn, backend=backend), logits, targets, device)
+                row.compile_s[side] = step() / 1e3  # compiles forward and backward
+                step()  # a second call: any recompilation happens here, not in the timing
+                compiled[side] = step
+            except Exception as error:  # report, do not crash: there is no goal here
+                row.errors[side] = _error_text(error)
+                log(f"torch.compile {side} {loss}: {row.errors[side]}")
+            row.graph_breaks[side] = sum(counters["graph_break"].values()) - breaks
+        if len(compiled) < 2:
+            continue
+        try:
+            cand_ms, peer_ms = interleave(compiled["dualloss"], compiled["peer"], reps, warmup)
+        except Exception as error:
+            row.errors["timing"] = _error_text(error)
+            continue
+        row.dualloss_ms, row.peer_ms, row.ratio, row.paired_ratio = _summary(cand_ms, peer_ms)
+        row.reps = reps
+    return rows
+
+
 # ----------------------------------------------------------------------------------------------
 # JAX
 # ----------------------------------------------------------------------------------------------
@@ -572,6 +643,34 @@ def time_table(rows: list[TimeRow]) -> str:
             f"| {r.framework} | {r.loss} | {_shape(r.shape)} | {r.device} | {r.dualloss_ms:.2f} "
             f"| {r.peer} | {r.peer_ms:.2f} | {r.ratio:.2f} | {r.paired_ratio:.2f} | {target} "
             f"| {r.status} | {r.floor_ratio:.1f}x |"
+        )
+    return "\n".join(lines)
+
+
+def compile_table(rows: list[CompileRow]) -> str:
+    if not rows:
+        return ""
+    r0, reps = rows[0], max(r.reps for r in rows)
+    lines = [
+        f"torch.compile (backend {r0.backend!r}, default mode), ours compiled against the peer "
+        f"compiled, forward+backward at {_shape(r0.shape)}, median ms of {reps} interleaved "
+        "repetitions after compilation and warm-up (no goal yet); compile s: the first call; "
+        "breaks: dynamo graph breaks:",
+        "",
+        "| loss | N x C | device | dualloss ms | peer | peer ms | ratio | paired "
+        "| compile s (ours / peer) | breaks (ours / peer) | error |",
+        "|---|---|---|---:|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        errors = "; ".join(f"{side}: {text}" for side, text in r.errors.items())
+        errors = errors.replace("|", "\\|").replace("\n", " ")
+        compile_s = " / ".join(f"{r.compile_s[k]:.1f}" if k in r.compile_s else "-"
+                               for k in ("dualloss", "peer"))  # fmt: skip
+        breaks = " / ".join(str(r.graph_breaks.get(k, "-")) for k in ("dualloss", "peer"))
+        lines.append(
+            f"| {r.loss} | {_shape(r.shape)} | {r.device} | {r.dualloss_ms:.2f} | {r.peer} "
+            f"| {r.peer_ms:.2f} | {r.ratio:.2f} | {r.paired_ratio:.2f} | {compile_s} | {breaks} "
+            f"| {errors} |"
         )
     return "\n".join(lines)
 
@@ -907,6 +1006,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=int,
         help="torch.set_num_threads; 1 also turns off XLA:CPU's Eigen threads (default: theirs)",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="also time torch.compile(dualloss) against torch.compile(peer) at 4096x1000 (or the"
+        " first shape when that is not run); a table, no goal",
+    )
+    parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile backend for --compile (default inductor; aot_eager for a quick check)",
+    )
     parser.add_argument("--out", help="write the results as JSON to this file")
     parser.add_argument("--plot", help="write the ratio plot (PNG or SVG) to this file")
     parser.add_argument("--update-doc", help="replace the generated block of this Markdown file")
@@ -942,6 +1052,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     time_rows: list[TimeRow] = []
     memory_rows: list[MemoryRow] = []
+    compile_rows: list[CompileRow] = []
     profiles = []
     errors: list[str] = []
     if "torch" in frameworks:
@@ -954,6 +1065,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         t, m = bench_torch(losses, shapes, device, reps, warmup, candidates, peer_fns, log, errors)
         time_rows += t
         memory_rows += m
+        if args.compile:
+            shape = TARGET_SHAPE if TARGET_SHAPE in map(tuple, shapes) else tuple(shapes[0])
+            compile_rows = bench_torch_compile(
+                losses, shape, device, reps, warmup, candidates, peer_fns, log,
+                args.compile_backend,
+            )  # fmt: skip
         if args.profile:
             profiles.append(profile_torch(losses, shapes[0], device, candidates, peer_fns))
     if "jax" in frameworks:
@@ -979,6 +1096,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             floor_line(floors),
             time_table(time_rows),
             memory_table(memory_rows),
+            *([compile_table(compile_rows)] if compile_rows else []),
             f"Targets (float32; time: the median of the per-pair ratios, at {_shape(TARGET_SHAPE)}"
             f" the goal, at {', '.join(_shape(s) for s in OTHER_SHAPES)} min({OTHER_SHAPE_LIMIT:g},"
             f" {OTHER_SHAPE_SLACK:g} x the goal); memory: saved for backward, full):",
@@ -999,6 +1117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "time": [asdict(r) for r in time_rows],
                     "memory": [asdict(r) for r in memory_rows],
                     "floor_ms": {_shape(s): ms for s, ms in floors.items()},
+                    "compile": [asdict(r) for r in compile_rows],
                 },
                 f,
                 indent=1,
