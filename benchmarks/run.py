@@ -217,7 +217,10 @@ def bandwidth_floor(shape, device: str, reps: int, warmup: int) -> float:
     n, c = shape
     try:
         import torch
-    except ImportError:
+
+        dev = D.torch_name(device)
+        src = torch.ones((n, c), dtype=torch.float32, device=dev)
+    except Exception:  # no torch, or torch without this device: the JAX run's own device
         import jax
         import jax.numpy as jnp
 
@@ -226,8 +229,6 @@ def bandwidth_floor(shape, device: str, reps: int, warmup: int) -> float:
         times = interleave(_jax_step(lambda x, _: double(x), src, None), lambda: 0.0,
                            reps, warmup)[0]  # fmt: skip
         return statistics.median(times)
-    dev = D.torch_name(device)
-    src = torch.ones((n, c), dtype=torch.float32, device=dev)
     dst = torch.empty_like(src)
     cuda = dev.startswith("cuda")
 
