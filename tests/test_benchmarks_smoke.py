@@ -52,6 +52,10 @@ def test_benchmark_command_runs_at_tiny_size(tmp_path):
             str(out),
             "--plot",
             str(png),
+            # the compile table's code path; aot_eager: inductor's C++ compile takes minutes here
+            "--compile",
+            "--compile-backend",
+            "aot_eager",
             "-q",
         ],
         cwd=ROOT,
@@ -70,6 +74,16 @@ def test_benchmark_command_runs_at_tiny_size(tmp_path):
         if row["framework"] == "torch":
             assert row["dualloss"]["total"] > 0 and row["peer_stats"]["total"] > 0
     assert png.stat().st_size > 0
+    # the bandwidth floor: measured for the shape, and every row divided by it
+    assert results["floor_ms"]["16x7"] > 0
+    for row in results["time"]:
+        assert row["floor_ratio"] == row["dualloss_ms"] / row["floor_ms"] > 0
+    assert "| / floor |" in completed.stdout and "Bandwidth floor" in completed.stdout
+    # the compile table: one row per loss, each either timed or carrying its error
+    assert "torch.compile (backend 'aot_eager'" in completed.stdout
+    assert [row["loss"] for row in results["compile"]] == list(peers.LOSSES)
+    for row in results["compile"]:
+        assert row["errors"] or (math.isfinite(row["ratio"]) and row["ratio"] > 0), row
 
 
 def test_targets_are_judged_at_the_target_shape():
@@ -85,12 +99,59 @@ def test_targets_are_judged_at_the_target_shape():
     )[0]
     run.judge(rows, [])
     assert rows[0].status == ""  # not the target shape: no verdict
-    rows[0].shape = run.TARGET_SHAPE
-    target = run.TIME_TARGETS["torch", "softmax_cross_entropy"]
-    for ratio, expected in ((0.9 * target, "PASS"), (target, "PASS"), (1.1 * target, "MISS")):
-        rows[0].ratio = ratio
-        run.judge(rows, [])
-        assert (rows[0].status, rows[0].target) == (expected, target), ratio
+    goal = run.TIME_TARGETS["torch", "softmax_cross_entropy"]
+    # at the other shapes: no slower than the peer, and within 20 % of the goal
+    other = min(run.OTHER_SHAPE_LIMIT, run.OTHER_SHAPE_SLACK * goal)
+    for shape, target in ((run.TARGET_SHAPE, goal), *((s, other) for s in run.OTHER_SHAPES)):
+        rows[0].shape = shape
+        for ratio, expected in ((0.9 * target, "PASS"), (target, "PASS"), (1.1 * target, "MISS")):
+            # judged on the median of the per-pair ratios, as the issue states its goals
+            rows[0].paired_ratio, rows[0].ratio = ratio, 0.5 * ratio
+            run.judge(rows, [])
+            assert (rows[0].status, rows[0].target) == (expected, target), (shape, ratio)
+    # a loss slower than its peer elsewhere misses even where its goal is above 1
+    rows[0].loss, rows[0].framework = "softmax_cross_entropy", "jax"
+    rows[0].shape, rows[0].paired_ratio = run.OTHER_SHAPES[0], 1.02
+    run.judge(rows, [])
+    assert run.TIME_TARGETS["jax", "softmax_cross_entropy"] > 1.02
+    assert (rows[0].status, rows[0].target) == ("MISS", 1.0)
+
+
+def test_summary_lists_every_goal():
+    summary = run.summary_table([], [run.MemoryRow("torch", "x", run.TARGET_SHAPE, "cpu", "p", 4,
+                                                   {"full": 1.0}, {}, 1.0, "PASS")])  # fmt: skip
+    for framework, loss in run.TIME_TARGETS:
+        assert f"| {framework} {loss} time vs {peers.PEER_NAMES[framework, loss]}, " in summary
+    assert summary.count("not measured") == len(run.TIME_TARGETS)
+
+
+def test_a_compile_failure_is_a_row_not_a_crash():
+    def broken(logits, targets):
+        raise RuntimeError("planted | failure\nsecond line")
+
+    peer = peers.torch_peers()["sigmoid_cross_entropy"]
+    rows = run.bench_torch_compile(
+        ["sigmoid_cross_entropy"],
+        (4, 3),
+        "cpu",
+        1,
+        0,
+        {"sigmoid_cross_entropy": broken},
+        {"sigmoid_cross_entropy": peer},
+        lambda message: None,
+        backend="eager",
+    )
+    assert len(rows) == 1 and math.isnan(rows[0].ratio)
+    assert rows[0].errors == {"dualloss": "RuntimeError: planted | failure"}
+    assert "| dualloss: RuntimeError: planted \\| failure |" in run.compile_table(rows)
+
+
+def test_floor_ratio_is_the_time_over_the_floor():
+    floor = run.bandwidth_floor((64, 10), "cpu", 3, 1)
+    assert 0 < floor < 1e3
+    row = run.TimeRow("torch", "softmax_cross_entropy", (64, 10), "cpu", "p", 2.0, 1.0, 2.0, 2.0, 1)
+    run.set_floors([row], {(64, 10): 0.5})
+    assert (row.floor_ms, row.floor_ratio) == (0.5, 4.0)
 
 
 def test_update_doc_replaces_only_the_generated_block(tmp_path):
