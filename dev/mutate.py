@@ -46,8 +46,8 @@ class Mutation:
 MUTATIONS = (
     Mutation(
         "torch_impl", "softmax_focal_loss", "focal backward drops the gamma * phi term",
-        "        v = a_y * focal_weight * (1.0 - gamma * phi)\n",
-        "        v = a_y * focal_weight\n",
+        "    return a_y * focal_weight * (1.0 - gamma * phi), not_p_y, focal_weight\n",
+        "    return a_y * focal_weight, not_p_y, focal_weight\n",
     ),
     Mutation(
         "jax_impl", "softmax_focal_loss", "focal gradient drops the gamma * phi term",
@@ -66,8 +66,8 @@ MUTATIONS = (
     ),
     Mutation(
         "torch_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
-        "        log1p_s = torch.log1p(s) + 0.0 * z_top\n        tiny",
-        "        log1p_s = torch.log(1.0 + s) + 0.0 * z_top\n        tiny",
+        "        log_p_y = (z.gather(-1, y) - z.gather(-1, top)) - torch.log1p(q / p_top)\n",
+        "        log_p_y = (z.gather(-1, y) - z.gather(-1, top)) - torch.log(1.0 + q / p_top)\n",
     ),
     Mutation(
         "jax_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
@@ -76,8 +76,8 @@ MUTATIONS = (
     ),
     Mutation(
         "jax_impl", "softmax_cross_entropy", "the top's e - 1 in s as the constant 0",
-        "    s = jnp.sum(jnp.where(at_top, e - 1.0, e), axis=-1, keepdims=True) + ties\n",
-        "    s = jnp.sum(jnp.where(at_top, 0.0, e), axis=-1, keepdims=True) + ties\n",
+        "    s_others = jnp.sum(e - jnp.floor(e), axis=-1, keepdims=True)\n",
+        "    s_others = jnp.sum(jnp.where(e >= 1.0, 0.0, e), axis=-1, keepdims=True)\n",
         "hessian or check_grads", "tests/test_jax_transforms.py",
     ),
     Mutation(
@@ -102,8 +102,8 @@ MUTATIONS = (
     ),
     Mutation(
         "jax_impl", "softmax_cross_entropy", "log1p(s) computed as log(1 + s) (the fast path)",
-        "    log1p_s = jnp.log1p(s)\n    is_y",
-        "    log1p_s = jnp.log(1.0 + s)\n    is_y",
+        "    log1p_s = jnp.log1p(s)\n    return shifted",
+        "    log1p_s = jnp.log(1.0 + s)\n    return shifted",
     ),
     Mutation(
         "torch_impl", "sigmoid_cross_entropy", "softplus(x) - t x formed with its cancellation",
@@ -114,6 +114,11 @@ MUTATIONS = (
         "torch_impl", "sigmoid_focal_loss", "sigma(x) - t formed with its cancellation",
         "    return step.add_(torch.where(is_positive, small.neg(), small))\n",
         "    return torch.sigmoid(x) - t\n",
+    ),
+    Mutation(
+        "torch_impl", "softmax_cross_entropy", "1 - p_y at the top formed as 1 - p_y (fast path)",
+        "    not_p_y = torch.where(is_top, q, 1.0 - p_y)\n",
+        "    not_p_y = 1.0 - p_y\n",
     ),
 )  # fmt: skip
 

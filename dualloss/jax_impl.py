@@ -464,24 +464,73 @@ def _at(x, y):
     return jnp.take_along_axis(x, y[..., None], axis=-1, mode="clip")[..., 0]
 
 
+def _shifted_sums(z):
+    """e = exp(z - z_top), s = sum_{j != top} e_j, log1p(s) and 1 / (1 + s), for the class-index
+    fast paths (class axis last; s, log1p(s) and 1 / (1 + s) of shape [..., 1]).
+
+    Neither the argmax nor a masked class sum: s = sum_c e_c - 1 is formed as sum_c (e_c -
+    floor(e_c)) when s < 1, where only the top has e = 1 (another would make sum(e) >= 2): it
+    contributes e - 1 = 0 exactly, and e's derivative, so s keeps full relative accuracy when it
+    is tiny; at s >= 1 the plain sum(e) - 1 keeps a few ULP (sum(e) >= 2: the subtraction is
+    exact). floor, not a select on z == z_top: XLA:CPU keeps that reduction as fast as the plain
+    sum (measured). The shift is a constant (stop_gradient: every result is invariant to it); the
+    derivatives of e, also at the top, carry everything, so the Hessians (forward mode over the
+    closed-form gradient) are right.
+    """
+    # shift by the largest logit (a constant: the shift cancels in log p); a row of -inf gives NaN
+    z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
+    z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
+    shifted = z - z_top
+    e = jnp.exp(shifted)
+    s_all = jnp.sum(e, axis=-1, keepdims=True) - 1.0
+    s_others = jnp.sum(e - jnp.floor(e), axis=-1, keepdims=True)
+    s = jnp.where(s_all < 1.0, s_others, s_all)
+    log1p_s = jnp.log1p(s)
+    return shifted, e, s, log1p_s, 1.0 / (1.0 + s)
+
+
 def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
     """`_softmax_focal_terms` for one-hot targets a = a_y onehot(y), without forming them.
 
     The class sums collapse to class y: loss = -a_y (1 - p_y)^gamma log p_y; v is 0 except v_y,
     so the gradient is p_j v_y for j != y and -(1 - p_y) v_y at y; 0 where not `keep`, whatever
-    the logits.
+    the logits. Only the row sums of ``_shifted_sums`` are N x C work; everything about the
+    target class is one value per row. With y at the top (z_y = z_top), 1 - p_y = s_y / (1 + s),
+    s_y = s - (e_y - 1) (= s, with the derivative of the true 1 - p_y), and
+      log(1 - p_y) = log s_y - log1p(s),  phi_y = e_y log p_y / s_y  (-log1p(s) / s: -> -1),
+    where s_y < the smallest normal gives log(1 - p_y) = -inf: every term it enters is then
+    O(s^(1 + gamma)), below the dtype's smallest normal, as in torch_impl.
     """
-    log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
+    shifted, e, s, log1p_s, inverse = _shifted_sums(z)
+    s, log1p_s, inverse = s[..., 0], log1p_s[..., 0], inverse[..., 0]
     is_y = jnp.arange(z.shape[-1]) == y[..., None]
-    log_p_y = _at(log_p, y)
+    shifted_y = _at(shifted, y)
+    e_y = _at(e, y)
+    log_p_y = shifted_y - log1p_s
+    p_y = e_y * inverse
+    at_top = shifted_y == 0.0
+    s_y = s - (e_y - 1.0)
+    # 1 - p_y, free of cancellation where p_y is close to 1 (only at the top)
+    not_p_y = jnp.where(at_top, s_y * inverse, 1.0 - p_y)
     if gamma == 0.0:
         # (1 - p)^0 = 1, also at p = 1
         focal_weight = jnp.ones_like(log_p_y)
         v = a_y
     else:
+        # double wheres: log s_y at s_y = 0, phi's 0 log 0 and 0 / 0 stay out of the derivatives
+        normal = s_y >= jnp.finfo(s.dtype).tiny
+        log_s_y = jnp.where(normal, jnp.log(jnp.where(normal, s_y, 1.0)), -jnp.inf)
+        log_not_p = jnp.where(at_top, log_s_y - log1p_s, _log1m(jnp.where(at_top, 0.0, p_y)))
         # (1 - p)^gamma = exp(gamma log(1 - p))
-        focal_weight = jnp.exp(gamma * _at(log_not_p, y))
-        phi = _at(_focal_phi(log_p, p, not_p, is_top, s, log1p_s), y)
+        focal_weight = jnp.exp(gamma * log_not_p)
+        positive = s_y > 0.0
+        phi_top = jnp.where(positive, e_y * log_p_y / jnp.where(positive, s_y, 1.0), -1.0)
+        rest = (p_y > 0.0) & ~at_top
+        phi_rest = jnp.where(
+            rest, jnp.where(rest, p_y * log_p_y, 0.0) / jnp.where(rest, not_p_y, 1.0), 0.0
+        )
+        phi = jnp.where(at_top, phi_top, phi_rest)
         v = a_y * focal_weight * (1.0 - gamma * phi)
     # 0 log 0 = 0: no target mass (zero weight) contributes nothing; NaN rows stay NaN;
     # d/da_y = -(1 - p_y)^gamma log p_y also at a_y = 0 (0 where p_y = 0)
@@ -490,39 +539,23 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
         a_y * focal_weight * jnp.where(no_p, 0.0, log_p_y)
         + jnp.where(no_p & (a_y != 0.0), -jnp.inf, 0.0)
     )
-    grad = jnp.where(
-        keep[..., None], v[..., None] * jnp.where(is_y, -_at(not_p, y)[..., None], p), 0.0
-    )
+    p = e * inverse[..., None]
+    grad = jnp.where(keep[..., None], v[..., None] * jnp.where(is_y, -not_p_y[..., None], p), 0.0)
     return loss, grad
 
 
 def _softmax_cross_entropy_terms_at(z, y, a_y, keep):
     """`_softmax_focal_terms_at` for gamma = 0, the hot path: two passes, as optax.
 
-    Neither the argmax nor log(1 - p) is needed. With e = exp(z - z_top), the normaliser is 1 + s,
-    s = sum_c e_c - 1, formed as sum_c (e_c - [c at the top]) + (ties - 1): the classes at the
-    top contribute e - 1 = 0 exactly (and e's derivative), so s keeps full relative accuracy
-    when it is tiny, and
+    Neither the argmax nor log(1 - p) is needed (``_shifted_sums``: the normaliser is 1 + s):
       log p_y = (z_y - z_top) - log1p(s),  1 - p_y = (s - (e_y - 1)) / (1 + s) where z_y = z_top,
     so a confident row keeps its tiny loss and target gradient (log(1 + s) would round both to 0
-    once s < u). The shift is a constant (stop_gradient: the normaliser is invariant to it); the
-    derivatives of e, also at the top, carry everything, so the Hessians (forward mode over this
-    gradient) are right.
+    once s < u).
     """
-    # shift by the largest logit (a constant: the shift cancels in log p); a row of -inf gives NaN
-    z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
-    # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
-    z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
-    shifted = z - z_top
-    e = jnp.exp(shifted)
-    at_top = shifted == 0.0
-    ties = jnp.sum(at_top, axis=-1, keepdims=True, dtype=z.dtype) - 1.0
-    s = jnp.sum(jnp.where(at_top, e - 1.0, e), axis=-1, keepdims=True) + ties
-    log1p_s = jnp.log1p(s)
+    shifted, e, s, log1p_s, inverse = _shifted_sums(z)
     is_y = jnp.arange(z.shape[-1]) == y[..., None]
     shifted_y = _at(shifted, y)
     log_p_y = shifted_y - log1p_s[..., 0]
-    inverse = 1.0 / (1.0 + s)
     p = e * inverse
     # p_y - 1, free of cancellation where p_y is close to 1 (only at the top)
     not_p_y_top = (s[..., 0] - (_at(e, y) - 1.0)) * inverse[..., 0]

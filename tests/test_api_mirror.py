@@ -71,7 +71,7 @@ BACKEND_EXTRAS = {
         # XLA:CPU's float64 log1p is inaccurate below -0.3
         "_log1m",
         # the gather path for class-index targets
-        "_at", "_softmax_focal_terms_at", "_softmax_cross_entropy_terms_at",
+        "_at", "_shifted_sums", "_softmax_focal_terms_at", "_softmax_cross_entropy_terms_at",
         # closed-form tangents along the targets and alpha
         "_sigmoid_focal_other_tangent",
         # value checks without a host copy of accelerator data (docs/devices.md)
