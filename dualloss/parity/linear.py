@@ -298,6 +298,10 @@ def _backend_arrays(prep: Prepared, backend: str, device):
     return args, [a for i, a in enumerate(args) if i != 2]
 
 
+# id(candidate) -> (candidate, its jax.jit): the candidate is held so that its id stays its own
+_JITTED: dict = {}
+
+
 def run(fn, backend: str, prep: Prepared, device: Any = "cpu", jit: bool = False) -> Outcome:
     """`fn(hidden, linear_weight, targets[, bias])`'s value and gradients of its sum (spec
     layout, float64); an exception is the outcome's `error`."""
@@ -328,11 +332,20 @@ def run(fn, backend: str, prep: Prepared, device: Any = "cpu", jit: bool = False
             with jax.enable_x64(prep.dtype == "float64" or bool(jax.config.jax_enable_x64)):
                 args, leaves = _backend_arrays(prep, backend, device)
                 targets = args[2]
+                if jit:
+                    # one jitted function per candidate: the shapes share it
+                    if id(fn) not in _JITTED:
+                        _JITTED[id(fn)] = (fn, jax.jit(lambda h, w, t, *b: fn(h, w, t, *b)))
+                    jitted = _JITTED[id(fn)][1]
 
-                def f(*leaves):
-                    return fn(leaves[0], leaves[1], targets, *leaves[2:])
+                    def f(*leaves):
+                        return jitted(leaves[0], leaves[1], targets, *leaves[2:])
+                else:
 
-                value, pull = jax.vjp(jax.jit(f) if jit else f, *leaves)
+                    def f(*leaves):
+                        return fn(leaves[0], leaves[1], targets, *leaves[2:])
+
+                value, pull = jax.vjp(f, *leaves)
                 grads = list(pull(jnp.ones_like(value)))
                 dtypes = tuple(str(x.dtype) for x in (value, *grads))
                 value = np.asarray(value).astype(np.float64)
@@ -833,9 +846,13 @@ def run_ours(
                 for options, reduction in plan(loss, level):
                     for dtype in dtypes:
                         for mode in modes:
+                            made = {}  # one candidate per V (its class-weight vector)
                             for case in make_cases(loss, options, level=level, regions=regions):
                                 prep = prepare(case, dtype)
-                                fn = ours(backend, loss, prep.options, reduction)
+                                num_classes = case.linear_weight.shape[1]
+                                if num_classes not in made:
+                                    made[num_classes] = ours(backend, loss, prep.options, reduction)
+                                fn = made[num_classes]
                                 prep.options["reduction"] = reduction
                                 compiled = mode == "jit"
                                 kind, judgement, outcome = evaluate(
