@@ -140,6 +140,29 @@ def test_check_without_bias_folds_it_and_judges_two_gradients():
     assert "gradients w.r.t. hidden, linear_weight," in str(report)
 
 
+def test_check_reports_ignored_labels_unsupported_when_the_candidate_raises_on_them():
+    # a gather without ignore_index raises on the -100 targets: unsupported, the rest judged
+    def gather(h, w, t):
+        return -torch.log_softmax(h @ w.T, dim=1).gather(1, t[:, None]).mean()
+
+    report = check(gather, "linear_softmax_cross_entropy", backend="torch", dtypes=["float64"])
+    assert report.ok, report
+    assert set(report.unsupported) == {"ignored", "all_ignored"}
+    assert report.cases_judged == len(L.REGIONS) - 2
+
+
+def test_check_uses_the_candidates_ignore_index():
+    def ignores_seven(h, w, t):
+        return F.cross_entropy(h @ w.T, t, ignore_index=7)
+
+    report = check(ignores_seven, "linear_softmax_cross_entropy", backend="torch",
+                   dtypes=["float64"], options={"ignore_index": 7})  # fmt: skip
+    # the ignored rows carry 7 (with -100 left in, this candidate would raise on them)
+    assert not report.unsupported and report.cases_judged == len(L.REGIONS), report
+    # F.cross_entropy's all-ignored mean is NaN (accepted: 0 / 0) with zero gradients
+    assert report.ok, report
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [

@@ -211,6 +211,9 @@ def make_cases(
             if (regions is not None and region not in regions) or region in skip:
                 continue
             hidden, kernel, bias, targets = region_inputs(region, n, h, v)
+            # ignored rows carry the options' ignore_index
+            targets = np.where(targets == -100, dict(options or {}).get("ignore_index", -100),
+                               targets)  # fmt: skip
             out.append(
                 LinearCase(loss, region, f"{n}x{h}x{v}", hidden, kernel, bias,
                            targets.astype(np.int64), option_values(dict(options or {}), v))
