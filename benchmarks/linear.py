@@ -4,6 +4,7 @@
     python -m benchmarks.linear --big                # also memory at (8192, 512, 128000)
     python -m benchmarks.linear --tiny               # seconds; tests/test_linear_benchmark.py
     python -m benchmarks.linear --json out.json
+    python -m benchmarks.linear --plot docs/linear-memory.png   # memory against V (minutes)
 
 Time (median of --reps forward+backward calls after one warm-up, same process, same inputs):
 torch: ours (``torch_impl.linear_softmax_cross_entropy``), torch's chunked
@@ -18,6 +19,11 @@ forward+backward minus the resident set of a baseline that holds the inputs and 
 of their gradients (a warm-up call at a tiny shape loads the kernels first); JAX, XLA's
 ``temp_size_in_bytes`` of the compiled ``value_and_grad`` (no run needed). Both as a multiple of
 the float32 logits' bytes N V 4.
+
+Plot (``--plot PATH``): the memory measurements only, swept over V = 8k .. 128k at N = 4096,
+H = 256 (``--plot-rows``, ``--plot-hidden``): torch ours, torch chunked, torch unfused
+(fresh-process peak RSS) and JAX ours and unfused (XLA temp), with the logits' size and our torch
+memory model (docs/linear.md) drawn for reference; log2 V against MiB on log axes.
 
 Goals (issue 13): extra memory <= 0.1x logits; time <= 1.0x torch chunked and <= 1.1x unfused;
 focal <= 1.2x our CE.
@@ -220,13 +226,105 @@ def run(n, h, v, reps, measure_time=True, frameworks=("torch", "jax"), torch_met
     return result
 
 
+PLOT_VOCABULARIES = (8192, 16384, 32768, 65536, 131072)
+PLOT_TORCH = ("ours", "torch_chunked", "unfused")
+PLOT_JAX = ("ours", "unfused")
+
+
+def torch_model_bytes(n, h, v):
+    """Our torch loss's extra bytes by the memory model of docs/linear.md (float32 inputs, 'mean'):
+    the (r, V) block, r the default rows per block, plus the (N, H) scaled hidden gradient."""
+    from dualloss import _checks
+
+    rows = _checks.default_chunk_size(n, v, 1 << 22, fraction=16)
+    return rows * v * 4 + n * h * 4
+
+
+def memory_sweep(n, h, vocabularies=PLOT_VOCABULARIES):
+    """Extra memory (bytes) per method and V: {"torch ours": [...], "jax unfused": [...], ...}."""
+    sweep = {"V": list(vocabularies), "N": n, "H": h}
+    for v in vocabularies:
+        for method in PLOT_TORCH:
+            extra = torch_memory(method, n, h, v)
+            sweep.setdefault(f"torch {method}", []).append(extra)
+            print(f"  V={v:6d} torch {method:14s} {extra / 2**20:8.1f} MiB   [{_load()}]")
+        temps = jax_memory(n, h, v)
+        for method in PLOT_JAX:
+            sweep.setdefault(f"jax {method}", []).append(temps[method])
+            print(f"  V={v:6d} jax   {method:14s} {temps[method] / 2**20:8.1f} MiB")
+        sweep.setdefault("model", []).append(torch_model_bytes(n, h, v))
+    return sweep
+
+
+LABELS = {
+    "torch ours": "torch: dualloss (fused, row blocks)",
+    "torch torch_chunked": "torch: F.linear_cross_entropy (chunked)",
+    "torch unfused": "torch: F.linear + F.cross_entropy (unfused)",
+    "jax ours": "JAX: dualloss (XLA temp)",
+    "jax unfused": "JAX: x @ w + optax (XLA temp)",
+}
+STYLES = {
+    "torch ours": dict(color="C0", marker="o"),
+    "torch torch_chunked": dict(color="C1", marker="s"),
+    "torch unfused": dict(color="C3", marker="^"),
+    "jax ours": dict(color="C0", marker="o", linestyle="--", markerfacecolor="none"),
+    "jax unfused": dict(color="C3", marker="^", linestyle="--", markerfacecolor="none"),
+}
+
+
+def plot_memory(sweep, path):
+    """Writes the memory-against-V figure to `path` (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    mib = 2**20
+    v = sweep["V"]
+    n, h = sweep["N"], sweep["H"]
+    fig, ax = plt.subplots(figsize=(8, 6.4), dpi=120)
+    logits = [n * x * 4 / mib for x in v]
+    ax.plot(v, logits, color="0.55", linestyle=":", label="the float32 logits, N·V·4")
+    ax.plot(v, [x / 10 for x in logits], color="0.75", linestyle=":", label="goal: 0.1 × logits")
+    model = [x / mib for x in sweep["model"]]
+    ax.plot(v, model, color="C0", linestyle="-.", alpha=0.6,
+            label="model (ours, torch): r·V·4 + N·H·4")  # fmt: skip
+    for key, label in LABELS.items():
+        if key in sweep:
+            ax.plot(v, [x / mib for x in sweep[key]], label=label, **STYLES[key])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xticks(v, [f"{x // 1024}k" for x in v])
+    ax.set_xlabel("vocabulary size V (log2 scale)")
+    ax.set_ylabel("extra memory of one forward+backward (MiB, log2 scale)")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.set_title(f"Linear + cross entropy, N = {n}, H = {h}, float32, CPU\n"
+                 "torch: peak RSS beyond the inputs and gradients; JAX: XLA temp_size_in_bytes",
+                 fontsize=10)  # fmt: skip
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="(64, 16, 500), one repetition")
     parser.add_argument("--big", action="store_true", help="also memory at (8192, 512, 128000)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--plot", help="sweep V (memory only) and write the figure here (PNG)")
+    parser.add_argument("--plot-rows", type=int, default=4096, help="N of the sweep")
+    parser.add_argument("--plot-hidden", type=int, default=256, help="H of the sweep")
     args = parser.parse_args(argv)
+    if args.plot:
+        sweep = memory_sweep(args.plot_rows, args.plot_hidden)
+        plot_memory(sweep, args.plot)
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(sweep, out, indent=1)
+        return
     results = []
     if args.tiny:
         results.append(run(64, 16, 500, 1))

@@ -24,17 +24,23 @@ import numpy as np
 from . import spec
 
 __all__ = [
+    "ALL_NAMES",
     "ErrorInput",
+    "LINEAR_LOSSES",
+    "LINEAR_NAMES",
+    "LINEAR_REGIONS",
     "LOSSES",
     "LossInfo",
     "NAMES",
     "Option",
+    "RECORDS",
     "REGIONS",
     "get",
     "of_family",
 ]
 
-FAMILIES = ("softmax", "sigmoid")
+# 'linear': the fused linear + softmax losses, whose inputs are (hidden, linear_weight, targets)
+FAMILIES = ("softmax", "sigmoid", "linear")
 
 # every adversarial region of the parity suite (``dualloss.parity.cases``), in seed order
 REGIONS = (
@@ -63,6 +69,15 @@ SIGMOID_REGIONS = (
     "spatial",
     "options",
 )
+# the regions of the fused linear losses (``dualloss.parity.linear``), in seed order
+LINEAR_REGIONS = (
+    "typical",
+    "huge_norms",
+    "ties",
+    "ignored",
+    "all_ignored",
+    "one_class_dominant",
+)
 
 
 @dataclass(frozen=True)
@@ -71,7 +86,8 @@ class Option:
 
     `kind` says what it is: 'real' (a number; `low`/`high` bound it), 'class_vector' (length C),
     'scalar_or_class_vector' (softmax focal alpha), 'elementwise' (broadcastable to the logits),
-    'index' (an integer), 'mask' (boolean, the logits or the batch shape), 'choice' (`choices`).
+    'index' (an integer), 'mask' (boolean, the logits or the batch shape), 'choice' (`choices`),
+    'size' (None or an integer >= 1: the fused linear losses' rows per block).
     `neutral` is the value at which the option changes nothing; `factor` marks the weights that
     multiply the loss (their size scales every error, see ``parity.tolerance``).
     """
@@ -97,7 +113,8 @@ class Option:
 class ErrorInput:
     """A call that every implementation must refuse: `kwargs` added to the loss's sample call
     (``LossInfo.sample_inputs``), or its `logits` / `targets` replaced (NumPy, at most 2-D, so
-    that the torch layout reads them alike), the exception type and the exact message."""
+    that the torch layout reads them alike), or any positional input replaced by name in
+    `inputs` (spec layout), the exception type and the exact message."""
 
     description: str
     kwargs: dict = field(default_factory=dict)
@@ -105,6 +122,7 @@ class ErrorInput:
     message: str = ""
     logits: Any = None
     targets: Any = None
+    inputs: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -126,10 +144,17 @@ class LossInfo:
     index_mean: str = "kept"
     # settings shared by candidate and peer in ``benchmarks`` (the focal papers' defaults)
     benchmark_options: dict = field(default_factory=dict)
+    # the positional arguments, in order, in the spec's layout
+    inputs: tuple[str, ...] = ("logits", "targets")
+    # the positional inputs torch_impl takes transposed (the linear layer's (V, H) matrix)
+    torch_transposed: tuple[str, ...] = ()
 
-    def sample_inputs(self) -> tuple[np.ndarray, np.ndarray]:
-        """A small valid (logits, targets) pair, 2-D: (4, 5) with class indices for the softmax
-        family, (2, 3) with probabilities 0.5 for the sigmoid family."""
+    def sample_inputs(self) -> tuple[np.ndarray, ...]:
+        """A small valid call's positional inputs (``inputs``, spec layout): (4, 5) logits with
+        class indices for the softmax family, (2, 3) with probabilities 0.5 for the sigmoid
+        family, hidden (4, 3), linear_weight (3, 7) and class indices for the linear family."""
+        if self.is_linear:
+            return np.zeros((4, 3)), np.zeros((3, 7)), np.arange(4)
         if self.is_softmax:
             return np.zeros((4, 5)), np.arange(4)
         return np.zeros((2, 3)), np.full((2, 3), 0.5)
@@ -150,6 +175,11 @@ class LossInfo:
     @property
     def is_softmax(self) -> bool:
         return self.family == "softmax"
+
+    @property
+    def is_linear(self) -> bool:
+        """A fused linear + loss family: inputs (hidden, linear_weight, targets)."""
+        return self.family == "linear"
 
     @property
     def is_focal(self) -> bool:
@@ -456,6 +486,99 @@ SIGMOID_FOCAL_LOSS = LossInfo(
     benchmark_options={"gamma": 2.0, "alpha": 0.25},
 )
 
+# the fused linear + softmax losses (DESIGN section 9, docs/linear.md): the loss of
+# hidden @ linear_weight + bias; judged by ``dualloss.parity.linear`` (their own regions and
+# error bound), through ``parity.check`` like the others
+_LINEAR_SHARED_ERRORS = (
+    _REDUCTION_ERROR,
+    ErrorInput(
+        "bias of the wrong length",
+        {"bias": np.zeros(3)},
+        ValueError,
+        "`bias` must be a vector of length 7 (one entry per class). Received: bias.shape=(3,).",
+    ),
+    ErrorInput(
+        "class index out of range",
+        {},
+        ValueError,
+        "`targets` has class index 9 at position (2,), outside [0, 7) and not ignore_index=-100.",
+        targets=np.array([0, 1, 9, 2]),
+    ),
+    ErrorInput(
+        "probability targets",
+        {},
+        TypeError,
+        "`targets` must hold integer class indices. Received: targets.dtype=float32.",
+        targets=np.zeros(4, dtype=np.float32),
+    ),
+    ErrorInput(
+        "integer hidden",
+        {},
+        TypeError,
+        "`hidden` must have a floating dtype. Received: hidden.dtype=int32.",
+        inputs={"hidden": np.zeros((4, 3), dtype=np.int32)},
+    ),
+    ErrorInput(
+        "chunk_size below 1",
+        {"chunk_size": -1},
+        ValueError,
+        "`chunk_size` must be >= 1. Received: chunk_size=-1.",
+    ),
+    ErrorInput(
+        "label smoothing above 1",
+        {"label_smoothing": 1.5},
+        ValueError,
+        "`label_smoothing` must be in [0, 1]. Received: label_smoothing=1.5.",
+    ),
+)
+# the bias and the rows per block (None: chosen from V); the class weights, alpha, gamma and
+# label smoothing get no gradient in the backends (docs/design.md, Known gaps)
+BIAS = Option("bias", "class_vector", None, None, differentiable=True)
+CHUNK_SIZE = Option("chunk_size", "size", None, None)
+LINEAR_LABEL_SMOOTHING = Option("label_smoothing", "real", 0.0, 0.0, low=0.0, high=1.0)
+
+LINEAR_SOFTMAX_CROSS_ENTROPY = LossInfo(
+    name="linear_softmax_cross_entropy",
+    family="linear",
+    options=(
+        BIAS,
+        Option("weight", "class_vector", None, None, factor=True),
+        IGNORE_INDEX,
+        LINEAR_LABEL_SMOOTHING,
+        REDUCTION,
+        CHUNK_SIZE,
+    ),
+    differentiable=("hidden", "linear_weight", "bias"),
+    regions=LINEAR_REGIONS,
+    error_inputs=_LINEAR_SHARED_ERRORS,
+    class_vector="weight",
+    index_mean="weights",
+    inputs=("hidden", "linear_weight", "targets"),
+    torch_transposed=("linear_weight",),
+)
+
+LINEAR_SOFTMAX_FOCAL_LOSS = LossInfo(
+    name="linear_softmax_focal_loss",
+    family="linear",
+    options=(
+        BIAS,
+        Option("gamma", "real", 2.0, 0.0, low=0.0),
+        Option("alpha", "scalar_or_class_vector", None, None, low=0.0, high=1.0, factor=True),
+        IGNORE_INDEX,
+        LINEAR_LABEL_SMOOTHING,
+        REDUCTION,
+        CHUNK_SIZE,
+    ),
+    differentiable=("hidden", "linear_weight", "bias"),
+    regions=LINEAR_REGIONS,
+    error_inputs=_LINEAR_SHARED_ERRORS + _GAMMA_ERRORS,
+    class_vector="alpha",
+    index_mean="kept",
+    inputs=("hidden", "linear_weight", "targets"),
+    torch_transposed=("linear_weight",),
+)
+
+# the losses of logits: what ``parity.cases`` generates and ``parity.tolerance`` judges
 LOSSES: tuple[LossInfo, ...] = (
     SOFTMAX_CROSS_ENTROPY,
     SOFTMAX_FOCAL_LOSS,
@@ -463,7 +586,12 @@ LOSSES: tuple[LossInfo, ...] = (
     SIGMOID_FOCAL_LOSS,
 )
 NAMES: tuple[str, ...] = tuple(info.name for info in LOSSES)
-_BY_NAME = {info.name: info for info in LOSSES}
+LINEAR_LOSSES: tuple[LossInfo, ...] = (LINEAR_SOFTMAX_CROSS_ENTROPY, LINEAR_SOFTMAX_FOCAL_LOSS)
+LINEAR_NAMES: tuple[str, ...] = tuple(info.name for info in LINEAR_LOSSES)
+# every record: what the API-mirror, option and error-input tests iterate over
+RECORDS: tuple[LossInfo, ...] = LOSSES + LINEAR_LOSSES
+ALL_NAMES: tuple[str, ...] = tuple(info.name for info in RECORDS)
+_BY_NAME = {info.name: info for info in RECORDS}
 
 
 def get(name: Any) -> LossInfo:
@@ -473,11 +601,11 @@ def get(name: Any) -> LossInfo:
     try:
         return _BY_NAME[name]
     except (KeyError, TypeError):
-        raise ValueError(f"`loss` must be one of {NAMES}. Received: loss={name!r}.") from None
+        raise ValueError(f"`loss` must be one of {ALL_NAMES}. Received: loss={name!r}.") from None
 
 
 def of_family(family: str) -> tuple[LossInfo, ...]:
-    """The records of one family ('softmax' or 'sigmoid')."""
+    """The records of one family ('softmax', 'sigmoid' or 'linear')."""
     if family not in FAMILIES:
         raise ValueError(f"`family` must be one of {FAMILIES}. Received: family={family!r}.")
-    return tuple(info for info in LOSSES if info.family == family)
+    return tuple(info for info in RECORDS if info.family == family)

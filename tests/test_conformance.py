@@ -2,11 +2,13 @@
 
 Each record of ``dualloss.losses`` is checked three ways:
 
-* the registry agrees with the code (names, options, defaults, regions, peers);
+* the registry agrees with the code (names, options, defaults, regions, peers), for every record
+  (``losses.RECORDS``, the fused linear losses included);
 * both backends match the spec on the parity suite's adversarial cases, judged by the parity
   tolerance (``dualloss.parity.runner.run_matrix``, the same machinery ``dualloss-parity run``
-  uses); float32 on two regions in the quick loop, every dtype and region under ``slow``;
-* every error input of the record is refused by spec, torch_impl and jax_impl with the same
+  uses); float32 on two regions in the quick loop, every dtype and region under ``slow``
+  (the fused linear losses: ``tests/test_linear_parity.py``, through ``parity.linear``);
+* every error input of every record is refused by spec, torch_impl and jax_impl with the same
   exception type and the byte-identical message.
 
 Framework-specific behaviour (compile, vmap, checkify, sharding, memory, drop-in semantics) stays
@@ -27,7 +29,7 @@ import torch
 
 from dualloss import losses
 from dualloss.parity import backends as B
-from dualloss.parity import cases, report, runner
+from dualloss.parity import cases, linear, report, runner
 from dualloss.parity.peers import PEERS
 
 MODULES = ("spec", "torch_impl", "jax_impl")
@@ -53,7 +55,7 @@ def _keywords(module_name: str, name: str) -> dict:
 
 
 @pytest.mark.parametrize("module_name", MODULES)
-@pytest.mark.parametrize("info", losses.LOSSES, ids=losses.NAMES)
+@pytest.mark.parametrize("info", losses.RECORDS, ids=losses.ALL_NAMES)
 def test_record_options_are_the_functions_keywords(info, module_name):
     keywords = _keywords(module_name, info.name)
     assert tuple(keywords) == info.option_names, f"{module_name}.{info.name}"
@@ -62,12 +64,19 @@ def test_record_options_are_the_functions_keywords(info, module_name):
         assert keywords[option.name] == expected, f"{module_name}.{info.name}({option.name}=...)"
 
 
-@pytest.mark.parametrize("info", losses.LOSSES, ids=losses.NAMES)
+@pytest.mark.parametrize("info", losses.RECORDS, ids=losses.ALL_NAMES)
 def test_record_regions_peers_and_inputs_exist(info):
-    assert set(info.regions) <= set(cases.GENERATORS[info.family])
-    assert [r for r in losses.REGIONS if r in info.regions] == list(info.regions)
+    generators = linear.GENERATORS if info.is_linear else cases.GENERATORS[info.family]
+    assert set(info.regions) <= set(generators)
+    order = losses.LINEAR_REGIONS if info.is_linear else losses.REGIONS
+    assert [r for r in order if r in info.regions] == list(info.regions)
     assert all(PEERS[peer] for peer in info.peers)
-    assert set(info.differentiable) <= {"logits", "targets", *info.option_names}
+    assert set(info.differentiable) <= {*info.inputs, *info.option_names}
+    for module_name in MODULES:
+        module = importlib.import_module(f"dualloss.{module_name}")
+        parameters = inspect.signature(getattr(module, info.name)).parameters.values()
+        positional = [p.name for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD]
+        assert tuple(positional) == info.inputs, f"{module_name}.{info.name} positional inputs"
     assert info.class_vector is None or info.option(info.class_vector).factor
     if info.is_focal:
         assert info.gamma({}) == info.default("gamma") and info.gamma({"gamma": 0.5}) == 0.5
@@ -128,7 +137,7 @@ def _convert(module_name: str, value):
     return jnp.asarray(value)
 
 
-ERROR_CASES = [(info, error) for info in losses.LOSSES for error in info.error_inputs]
+ERROR_CASES = [(info, error) for info in losses.RECORDS for error in info.error_inputs]
 
 
 @pytest.mark.parametrize("module_name", MODULES)
@@ -139,11 +148,11 @@ ERROR_CASES = [(info, error) for info in losses.LOSSES for error in info.error_i
 )
 def test_error_input_raises_the_shared_message(info, error, module_name):
     module = importlib.import_module(f"dualloss.{module_name}")
-    logits, targets = info.sample_inputs()
-    logits = logits if error.logits is None else error.logits
-    targets = targets if error.targets is None else error.targets
+    inputs = dict(zip(info.inputs, info.sample_inputs(), strict=True))
+    replaced = {"logits": error.logits, "targets": error.targets, **error.inputs}
+    inputs.update({k: v for k, v in replaced.items() if k in inputs and v is not None})
+    if module_name == "torch_impl":
+        inputs.update({name: inputs[name].T.copy() for name in info.torch_transposed})
     kwargs = {key: _convert(module_name, value) for key, value in error.kwargs.items()}
     with pytest.raises(error.error, match="^" + re.escape(error.message) + "$"):
-        getattr(module, info.name)(
-            _convert(module_name, logits), _convert(module_name, targets), **kwargs
-        )
+        getattr(module, info.name)(*(_convert(module_name, x) for x in inputs.values()), **kwargs)

@@ -42,3 +42,20 @@ def test_benchmark_parts_run_at_a_tiny_shape():
     memory = linear.jax_memory(32, 8, 100)
     assert memory["unfused"] >= 32 * 100 * 4  # the logits are among XLA's temporaries
     assert linear.torch_memory("ours", 32, 8, 100) >= 0
+
+
+def test_memory_model_uses_the_default_block_of_docs_linear_md():
+    # r = 512 rows at V = 8k (the 16 MiB floor), 256 at 32k (1/16 of the logits), 256 and 128
+    # at 64k and 128k (the 64 MiB cap); plus the (N, H) float32 hidden gradient
+    rows = {8192: 512, 32768: 256, 65536: 256, 131072: 128}
+    for v, r in rows.items():
+        assert linear.torch_model_bytes(4096, 256, v) == r * v * 4 + 4096 * 256 * 4
+
+
+def test_memory_plot_is_written(tmp_path):
+    vs = [8192, 16384]
+    sweep = {"V": vs, "N": 64, "H": 16, "model": [1.0, 2.0]}
+    sweep.update({key: [2.0**20, 2.0**21] for key in linear.LABELS})
+    path = tmp_path / "memory.png"
+    linear.plot_memory(sweep, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,7 +1,8 @@
 """torch_impl's fused linear losses: torch semantics against torch itself, float64 against the
 spec, the streaming contract (no (N, V) tensor), autograd behaviour and bad input.
 
-The adversarial regions in float32 / bfloat16 for both backends are in test_linear_parity.py.
+The adversarial regions in float32 / bfloat16 for both backends are in test_linear_parity.py
+(through ``dualloss.parity.linear``).
 """
 
 from __future__ import annotations

@@ -107,6 +107,34 @@ def test_run_exit_status_and_report_follow_the_verdict(scale, expected, tmp_path
     assert any(name.endswith(".png") for name in os.listdir(tmp_path))
 
 
+@pytest.mark.parametrize(("scale", "expected"), [(1.0, 0), (1.0 + 2.0**-10, 1)])
+def test_run_judges_the_fused_linear_losses(scale, expected, tmp_path, monkeypatch, capsys):
+    # `run` includes the fused linear losses (parity.linear); a loss off by a relative 2^-10
+    # (8192 ULP of float32) must fail there too
+    from dualloss.parity import linear
+
+    ours = linear.ours
+
+    def scaled(*args):
+        fn = ours(*args)
+        return lambda *inputs: fn(*inputs) * scale
+
+    monkeypatch.setattr(linear, "ours", scaled)
+    code = main(["run", "--backends", "torch", "--dtypes", "float32", "--losses",
+                 "linear_softmax_cross_entropy", "--regions", "typical,all_ignored",
+                 "--report", str(tmp_path), "--no-progress"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == expected, out[-3000:]
+    data = json.loads((tmp_path / "parity.json").read_text())
+    records = data["records"]
+    assert {(r["loss"], r["region"]) for r in records} == {
+        ("linear_softmax_cross_entropy", "typical"),
+        ("linear_softmax_cross_entropy", "all_ignored"),
+    }
+    assert len(records) == 4  # two regions x (plain, mean) and (weights + smoothing, none)
+    assert data["ok"] == (expected == 0)
+
+
 @pytest.mark.slow
 def test_python_dash_m_runs():
     out = subprocess.run([sys.executable, "-m", "dualloss.parity", "--help"],

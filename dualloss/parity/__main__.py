@@ -11,7 +11,12 @@ import importlib.util
 import os
 import sys
 
+from .. import losses as _registry
 from .cases import LOSSES, REGIONS
+
+# the fused linear losses run too (``parity.linear``: their own regions and bound)
+RUN_LOSSES = LOSSES + _registry.LINEAR_NAMES
+RUN_REGIONS = REGIONS + tuple(r for r in _registry.LINEAR_REGIONS if r not in REGIONS)
 
 USAGE_ERROR, FAILED, OK = 2, 1, 0
 
@@ -67,8 +72,8 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--losses",
         type=_csv,
-        default=list(LOSSES),
-        help=f"comma-separated spec losses (default: {','.join(LOSSES)})",
+        default=list(RUN_LOSSES),
+        help=f"comma-separated spec losses (default: {','.join(RUN_LOSSES)})",
     )
     run.add_argument(
         "--regions",
@@ -135,7 +140,13 @@ def _parser() -> argparse.ArgumentParser:
         metavar="MODULE:FUNCTION",
         help="the loss to judge (the current directory is on sys.path)",
     )
-    check.add_argument("--reference", required=True, choices=LOSSES, help="the spec loss")
+    check.add_argument(
+        "--reference",
+        required=True,
+        choices=RUN_LOSSES,
+        help="the spec loss (a fused linear loss: FUNCTION(hidden, linear_weight, targets), with"
+        " --option bias=True also a fourth argument bias)",
+    )
     check.add_argument(
         "--backend", required=True, choices=["torch", "jax"], help="the candidate's framework"
     )
@@ -209,8 +220,8 @@ def _run(args, parser) -> int:
 
     for name, values, allowed in (("--backends", args.backends, B.BACKENDS),
                                   ("--dtypes", args.dtypes, B.DTYPES),
-                                  ("--losses", args.losses, LOSSES),
-                                  ("--regions", args.regions or [], REGIONS)):  # fmt: skip
+                                  ("--losses", args.losses, RUN_LOSSES),
+                                  ("--regions", args.regions or [], RUN_REGIONS)):  # fmt: skip
         bad = [v for v in values if v not in allowed]
         if bad:
             parser.error(f"{name} must be among {', '.join(allowed)}. Received: {','.join(bad)}.")
@@ -220,19 +231,38 @@ def _run(args, parser) -> int:
             f"--backends {','.join(missing)}: not installed (pip install dualloss[{missing[0]}])."
         )
     devices.start(args.backends)  # JAX before torch
-    impls = [] if args.only_peers else runner.default_implementations(args.backends, args.losses)
+    linear = [] if args.only_peers else [n for n in args.losses if n in _registry.LINEAR_NAMES]
+    logits = [n for n in args.losses if n not in _registry.LINEAR_NAMES]
+    if args.regions is not None and not set(args.regions) & set(REGIONS):
+        logits = []  # only regions of the fused linear losses were asked for
+    impls = [] if args.only_peers else runner.default_implementations(args.backends, logits)
     if args.peers or args.only_peers:
         from .peers import available_peers
 
-        impls += [p for p in available_peers(args.backends) if p.loss in args.losses]
+        impls += [p for p in available_peers(args.backends) if p.loss in logits]
     try:
         devices.parse(args.devices)
-        result = runner.run_matrix(
-            impls, dtypes=args.dtypes, devices=args.devices, level=args.level,
-            losses=args.losses, regions=args.regions, jit=not args.no_jit,
-            torch_compile=True if args.compile else None, progress=not args.no_progress,
-            compile_budget_s=args.compile_budget,
-        )  # fmt: skip
+        if impls or not linear:
+            result = runner.run_matrix(
+                impls, dtypes=args.dtypes, devices=args.devices, level=args.level,
+                losses=logits, regions=args.regions, jit=not args.no_jit,
+                torch_compile=True if args.compile else None, progress=not args.no_progress,
+                compile_budget_s=args.compile_budget,
+            )  # fmt: skip
+        else:
+            names = devices.resolve(args.backends, args.devices)
+            result = runner.RunResult(config={"devices": names})
+        if linear:
+            from . import linear as fused
+
+            records, failures, seconds = fused.run_ours(
+                args.backends, args.dtypes, result.config["devices"], args.level, linear,
+                args.regions, not args.no_jit,
+            )  # fmt: skip
+            result.records += records
+            result.failures += failures
+            result.seconds += seconds
+            result.config["linear_losses"] = linear
     except ValueError as error:  # devices.DeviceError, or a device name it cannot read
         parser.error(str(error))
     print(report.terminal_summary(result, args.max_failures))

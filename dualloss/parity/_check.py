@@ -374,7 +374,10 @@ def check(
       candidate: ``candidate(logits, targets) -> loss``, in the backend's layout, reduced as
         ``options['reduction']`` (default 'mean'); differentiable by the framework.
       reference: a spec loss name ('softmax_cross_entropy', 'softmax_focal_loss',
-        'sigmoid_cross_entropy', 'sigmoid_focal_loss').
+        'sigmoid_cross_entropy', 'sigmoid_focal_loss'), or a fused linear loss
+        ('linear_softmax_cross_entropy', 'linear_softmax_focal_loss'): then the candidate is
+        ``candidate(hidden, linear_weight, targets)`` (with ``options={'bias': True}``, also a
+        fourth argument bias) and ``parity.linear.check`` judges it.
       backend: 'torch' or 'jax'.
       options: the spec keyword arguments the candidate implements (its class axis is the
         backend's; do not pass `axis`). Unknown names are refused.
@@ -397,8 +400,18 @@ def check(
       expected vs received, and one line of Python that reproduces it), ``.unsupported``,
       readable ``str()``.
     """
+    if reference in losses.LINEAR_NAMES:
+        # the fused linear losses: their own cases and bound (``parity.linear``)
+        from .linear import check as check_linear
+
+        return check_linear(
+            candidate, reference, backend=backend, options=options, dtypes=dtypes,
+            max_examples=max_examples, skip=skip, device=device, jit=jit,
+            stop_at_first=stop_at_first, standard=standard, binary_targets=binary_targets,
+        )  # fmt: skip
     if reference not in LOSSES:
-        raise ValueError(f"`reference` must be one of {LOSSES}. Received: reference={reference!r}.")
+        names = LOSSES + losses.LINEAR_NAMES
+        raise ValueError(f"`reference` must be one of {names}. Received: reference={reference!r}.")
     info = losses.get(reference)
     if backend not in B.BACKENDS:
         raise ValueError(f"`backend` must be one of {B.BACKENDS}. Received: backend={backend!r}.")
