@@ -191,6 +191,9 @@ error model is the value's, per piece, with that gradient's coefficient:
 A gradient the candidate cannot give (autograd returns none, or differentiating raises) is not
 judged: ``check`` lists it as "gradient w.r.t. ... not available" with a reproducer.
 
+A true result beyond the dtype's largest number (a float32 gradient of 5.1e38) returned as inf of
+its sign is that result correctly rounded, not a failure.
+
 A non-finite candidate value or gradient where the spec is finite is a failure of its own kind
 ("non-finite"), never an accuracy failure; so is a finite candidate where the spec is NaN or inf
 ("hidden non-finite"): NaN logits must propagate.
@@ -223,6 +226,12 @@ SMALLEST_NORMAL = {
     "float32": 2.0**-126,
     "float16": 2.0**-14,
     "bfloat16": 2.0**-126,
+}
+LARGEST = {
+    "float64": float(np.finfo(np.float64).max),
+    "float32": float(np.finfo(np.float32).max),
+    "float16": 65504.0,
+    "bfloat16": (2.0 - 2.0**-7) * 2.0**127,
 }
 MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
 K = 8.0
@@ -504,6 +513,11 @@ def _compare(what, expected, received, tolerance, dtype, nonfinite, inaccurate):
     received = np.broadcast_to(np.asarray(received, dtype=np.float64), expected.shape)
     exp_finite = np.isfinite(expected)
     rec_finite = np.isfinite(received)
+    # a true result beyond the dtype's largest number rounds to inf of its sign: correct
+    with np.errstate(invalid="ignore"):
+        rounded_to_inf = received == np.sign(expected) * np.inf
+        overflow = exp_finite & (np.abs(expected) > LARGEST[dtype]) & rounded_to_inf
+    exp_finite = exp_finite & ~overflow
     bad = exp_finite & ~rec_finite
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0]) if expected.ndim else ()
@@ -512,7 +526,8 @@ def _compare(what, expected, received, tolerance, dtype, nonfinite, inaccurate):
             f"{_num(expected[where])} ({int(bad.sum())} of {bad.size} entries non-finite)"
         )
     # where the spec is NaN or inf, the candidate must not return a plausible number
-    hidden = ~exp_finite & ~((np.isnan(expected) & np.isnan(received)) | (expected == received))
+    hidden = ~exp_finite & ~overflow
+    hidden = hidden & ~((np.isnan(expected) & np.isnan(received)) | (expected == received))
     if hidden.any():
         where = tuple(int(i) for i in np.argwhere(hidden)[0]) if expected.ndim else ()
         nonfinite.append(
