@@ -1206,7 +1206,11 @@ def _softmax_input_grad(
         counts = np.sum(t.reshape(-1, t.shape[-1]), axis=0)
         other_weights = _sum_except_self(class_weight * counts)
         other_losses = _sum_except_self(class_weight * per_class)
-        return (per_class * other_weights - counts * other_losses) / denominator / denominator
+        # each product divided by D first: S_c D_{-c} alone overflows at losses near the
+        # float64 range (confident rows at margin 1e305) where dL/dw_c is finite
+        return (
+            per_class * (other_weights / denominator) - counts * (other_losses / denominator)
+        ) / denominator
     per_class = _scale_by_reduction(per_class, reduction, denominator)
     if wrt == "weight" or (wrt == "alpha" and np.ndim(alpha) == 1):
         return per_class
@@ -1224,10 +1228,15 @@ def _sigmoid_cross_entropy_input_grad(logits, targets, weight, pos_weight, reduc
         # dl/dt = w [q softplus(-x) - softplus(x)] = w [(q - 1) softplus(-x) - x], as
         # softplus(x) - softplus(-x) = x: the second form is exact at q = 1 (no cancellation
         # near x = 0), the first has none for small q
-        grad = w * np.where(
-            q >= 0.5, (q - 1.0) * _softplus(-x) - x, q * _softplus(-x) - _softplus(x)
+        # the mean's division first, each term scaled on its own: the per-element sum
+        # overflows at |x| near the float64 range (x = -max/2, q = 2) where the gradient of
+        # the mean is finite
+        w = _scale_by_reduction(w, reduction, x.size)
+        return np.where(
+            q >= 0.5,
+            w * (q - 1.0) * _softplus(-x) - w * x,
+            w * q * _softplus(-x) - w * _softplus(x),
         )
-        return _scale_by_reduction(grad, reduction, x.size)
     if wrt == "weight":
         # dl/dw = (1 - t) softplus(x) + q t softplus(-x), the loss at w = 1
         grad, _ = _sigmoid_terms(x, t, q)
@@ -1269,9 +1278,11 @@ def _sigmoid_focal_input_grad(logits, targets, gamma, alpha, reduction, wrt):
         # d alpha_t / dt = 2 alpha - 1, d ce / dt = softplus(-x) - softplus(x) = -x,
         # d (1 - p_t)^gamma / dt = gamma (1 - p_t)^gamma (1 - 2p) / (1 - p_t), 1 - 2p = -tanh(x/2)
         alpha_slope = 0.0 if alpha is None else 2.0 * alpha - 1.0
-        focusing = gamma * -np.tanh(0.5 * x) * _focal_ce_ratio(x, t)
-        grad = terms.focal_weight * (alpha_slope * ce + terms.alpha_t * (focusing - x))
-        return _scale_by_reduction(grad, reduction, x.size)
+        # the mean's division first and each term scaled on its own (left to right): at
+        # x = -max/2 the focusing term alone is max, the sum overflows, the mean does not
+        weight = _scale_by_reduction(terms.focal_weight, reduction, x.size)
+        focusing = weight * terms.alpha_t * gamma * -np.tanh(0.5 * x) * _focal_ce_ratio(x, t)
+        return weight * alpha_slope * ce + focusing - weight * terms.alpha_t * x
     if wrt == "gamma":
         # d/dgamma (1 - p_t)^gamma = (1 - p_t)^gamma log(1 - p_t)
         grad = terms.alpha_t * terms.focal_weight * terms.log_not_pt * ce

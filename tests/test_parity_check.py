@@ -69,7 +69,9 @@ def nan_on_ignored(logits, targets):
 
 def capped_categorical_focal(logits, targets):
     """Keras 3 style: probability targets only, softmax clipped to [1e-7, 1 - 1e-7] (the loss
-    stops at -log 1e-7 = 16.1 where the truth at margin 100 is 100, and the gradient vanishes)."""
+    stops at -log 1e-7 = 16.1 where the truth at margin 100 is 100, and the gradient vanishes).
+    A torch emulation of the formula; the real keras.losses.categorical_focal_crossentropy is
+    judged in tests/test_keras_focal.py."""
     if not targets.is_floating_point():
         raise TypeError("probability targets only")
     p = F.softmax(logits, dim=1).clamp(1e-7, 1 - 1e-7)

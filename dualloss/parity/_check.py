@@ -8,6 +8,16 @@ and returns the loss reduced as ``options["reduction"]`` (default "mean"); its g
 from the framework's autodiff. `options` are the spec's keyword arguments that the candidate
 implements (gamma, alpha, weight, label_smoothing, ...), fixed for every input.
 
+Gradients w.r.t. targets and options (issue 10, item 8): the gradient w.r.t. probability targets
+(soft targets of a sigmoid loss) is judged too, and so is the gradient w.r.t. each
+differentiable option the candidate names as a parameter (``def loss(x, t, *, weight)``): it
+receives that option as a tensor / array of the case's dtype (a scalar as a 0-d one, its value
+rounded to that dtype for the reference too) and autodiff differentiates it. An option the
+candidate closes over instead is said not to be judged. A gradient autodiff cannot give (torch
+returns None, or differentiating raises; a scalar is then retried as a Python number) is listed
+as "gradient w.r.t. ... not available" with a reproducer, and the rest is judged. Array options
+apply to the cases they fit (a class vector of length C: the cases with C classes).
+
 Judgement: the "practical" standard of ``tolerance.py`` by default (backward stable and accurate
 at the scale of the whole result; non-finite where the math is finite always fails).
 
@@ -57,6 +67,15 @@ FEATURES = {
 # regions whose `skip` also leaves their feature out of every other region and of Hypothesis
 _SKIPPED_FEATURES = {"ignored": "ignored", "all_ignored": "all_ignored", "masked": "masked"}
 _KIND_ORDER = {"non-finite": 0, "accuracy": 1, "error": 2}
+# a gradient w.r.t. targets or an option the candidate takes that autodiff could not give
+GRAD_PREFIX = "grad:"
+_SUBJECT = re.compile(r"^gradient w\.r\.t\. (\w+)")
+
+
+def _feature_name(feature: str) -> str:
+    if feature.startswith(GRAD_PREFIX):
+        return f"gradient w.r.t. {feature[len(GRAD_PREFIX) :]} not available"
+    return FEATURES[feature]
 
 
 @dataclass
@@ -89,6 +108,9 @@ class CheckReport:
     device: str = "cpu"
     # matmul precision in force while judging (pinned: no TF32), for the record
     precision: dict = field(default_factory=dict)
+    # how many cases judged the gradient w.r.t. 'targets' and each option the candidate takes
+    judged_grads: dict[str, int] = field(default_factory=dict)
+    _grad_sizes: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
     def failures(self) -> list[Failure]:
@@ -125,12 +147,15 @@ class CheckReport:
             f"({', '.join(self.dtypes)}), {self.examples_run} Hypothesis examples, "
             f"{self.standard} standard",
         ]
+        if self.judged_grads:
+            lines.append("  gradients judged w.r.t. logits, " + ", ".join(
+                f"{name} ({n} cases)" for name, n in self.judged_grads.items()))  # fmt: skip
         for i, h in enumerate(self.hazards, 1):
             lines += _describe(i, h)
         if self.unsupported:
             lines.append("Unsupported by the candidate (it raised; those cases were not judged):")
             for feature, repro in self.unsupported.items():
-                lines.append(f"  - {FEATURES[feature]}: {repro}")
+                lines.append(f"  - {_feature_name(feature)}: {repro}")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -185,16 +210,51 @@ def _name_of(candidate) -> tuple[str, str, str]:
     return name, "", "candidate"
 
 
-def _implementation(candidate, reference, backend) -> B.Implementation:
-    display, imports, call = _name_of(candidate)
+def _named_options(candidate, info, options: dict) -> tuple[str, ...]:
+    """The differentiable options given in `options` that `candidate` names as parameters: check
+    passes them as arrays of the case's dtype and judges its gradient w.r.t. them."""
+    try:
+        parameters = inspect.signature(candidate).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return ()
+    named = [n for n, p in parameters.items()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]  # fmt: skip
+    return tuple(
+        option.name for option in info.options
+        if option.differentiable and option.name in named and options.get(option.name) is not None
+    )  # fmt: skip
 
-    def fn(x, t, **_):
-        return candidate(x, t)
+
+def _implementation(candidate, reference, backend, options=None, binary=False) -> B.Implementation:
+    display, imports, call = _name_of(candidate)
+    info = losses.get(reference)
+    takes = _named_options(candidate, info, options or {})
+
+    def fn(x, t, **given):
+        return candidate(x, t, **given)
+
+    def kwargs(opts, array):
+        return {n: array(np.asarray(opts[n], dtype=np.float64)) for n in takes
+                if opts.get(n) is not None}  # fmt: skip
+
+    def wrt(prep):
+        floats = not binary and not (info.is_softmax and prep.case.index_targets)
+        return ("targets",) * floats + tuple(n for n in takes if prep.options.get(n) is not None)
 
     return B.Implementation(
-        name=display, backend=backend, loss=reference, fn=fn, kwargs=lambda o, a: {},
-        imports=imports, expr=lambda kw: f"{call}(x, t)",
+        name=display, backend=backend, loss=reference, fn=fn, kwargs=kwargs,
+        imports=imports, expr=lambda kw: f"{call}(x, t{B.format_kwargs(kw)})", wrt=wrt,
     )  # fmt: skip
+
+
+def _for_dtype(options: dict, takes: tuple[str, ...], dtype: str) -> dict:
+    """`options` with the scalars the candidate takes as arrays rounded to `dtype`, the value the
+    candidate receives (arrays are rounded by ``backends.prepare``)."""
+    out = dict(options)
+    for name in takes:
+        if np.ndim(out[name]) == 0:
+            out[name] = float(B.round_to(np.asarray(out[name]), dtype).astype(np.float64))
+    return out
 
 
 def _fingerprint(case: Case) -> str:
@@ -262,6 +322,27 @@ def adversarial_cases(
     return out
 
 
+def fits(case: Case, options: dict) -> bool:
+    """Whether the array options apply to `case`: a class vector of its number of classes, an
+    element-wise weight that broadcasts to its logits. A case they do not fit is not run."""
+    info = losses.get(case.loss)
+    for option in info.options:
+        value = options.get(option.name)
+        if value is None or np.ndim(value) == 0 or option.kind in ("mask", "choice", "index"):
+            continue
+        if option.kind in ("class_vector", "scalar_or_class_vector"):
+            if np.shape(value)[-1] != case.logits.shape[-1]:
+                return False
+        elif option.kind == "elementwise":
+            try:
+                shape = np.broadcast_shapes(np.shape(value), case.logits.shape)
+            except ValueError:
+                return False
+            if shape != case.logits.shape:
+                return False
+    return True
+
+
 def features(case: Case, options: dict) -> frozenset[str]:
     """The features (keys of ``FEATURES``) that `case` uses."""
     info = losses.get(case.loss)
@@ -283,10 +364,26 @@ def features(case: Case, options: dict) -> frozenset[str]:
     return frozenset(used)
 
 
+def _fixed_shape(reference: str, options: dict) -> tuple[int | None, int | None]:
+    """(rows, classes) that the array options fix (a class vector: C; element-wise weights: their
+    shape), None where they leave it free."""
+    shaped = [np.shape(options[o.name]) for o in losses.get(reference).options
+              if o.kind in ("class_vector", "scalar_or_class_vector", "elementwise")
+              and np.ndim(options.get(o.name)) > 0]  # fmt: skip
+    fixed_c = next((s[-1] for s in shaped if s[-1] != 1), None)
+    fixed_n = next((s[-2] for s in shaped if len(s) > 1 and s[-2] != 1), None)
+    return fixed_n, fixed_c
+
+
 def probes(reference: str, options: dict, binary: bool = False) -> dict[str, Case]:
-    """One small input per feature: a plain batch, plus that feature alone (where it can be)."""
+    """One small input per feature: a plain batch, plus that feature alone (where it can be);
+    4 x 5 unless the array options fix another shape."""
     info = losses.get(reference)
     rng = np.random.default_rng(20240611)
+    n, c = _fixed_shape(reference, options)
+    n, c = n or 4, c or 5
+    if (n, c) != (4, 5):
+        return _probes_of_shape(info, options, binary, n, c, rng)
     # quarters: exact in every dtype, short in reproducers
     z = np.round(rng.standard_normal((4, 5)) * 8.0) / 4.0
 
@@ -309,6 +406,35 @@ def probes(reference: str, options: dict, binary: bool = False) -> dict[str, Cas
         "prob": case("prob", z, prob),
         "ignored": case("ignored", z, np.where(index == 1, ignore_index, index)),
         "all_ignored": case("all_ignored", z, np.full(4, ignore_index)),
+        "masked": case("masked", masked_z, index),
+        "masked_prob": case("masked", np.where(prob == 0.0, -np.inf, z), prob),
+    }
+
+
+def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
+    """``probes`` for n rows of c classes (the shape array options fix)."""
+    z = np.round(rng.standard_normal((n, c)) * 8.0) / 4.0
+
+    def case(name, logits, targets):
+        return Case(info.name, "probe", name, np.asarray(logits, float), np.asarray(targets),
+                    dict(options))  # fmt: skip
+
+    if not info.is_softmax:
+        out = {"plain": case("plain", z, (rng.random((n, c)) < 0.5).astype(float))}
+        if not binary:
+            out["soft"] = case("soft", z, np.resize([0.25, 0.5, 0.75, 0.0, 1.0], (n, c)))
+        return out
+    ignore_index = options.get("ignore_index", -100)
+    index = np.arange(n) % c
+    # row i: 3/4 on class i, 1/4 on the next (mass in quarters: exact in every dtype)
+    prob = 0.75 * np.eye(c)[index] + 0.25 * np.eye(c)[(index + 1) % c]
+    masked_z = np.where((np.arange(c) != index[:, None]) & (np.arange(c) % 2 == 1), -np.inf, z)
+    ignored = np.where(np.arange(n) == min(1, n - 1), ignore_index, index)
+    return {
+        "index": case("index", z, index),
+        "prob": case("prob", z, prob),
+        "ignored": case("ignored", z, ignored),
+        "all_ignored": case("all_ignored", z, np.full(n, ignore_index)),
         "masked": case("masked", masked_z, index),
         "masked_prob": case("masked", np.where(prob == 0.0, -np.inf, z), prob),
     }
@@ -429,7 +555,8 @@ def check(
     max_examples = 50 if max_examples is None else int(max_examples)
     if max_examples < 0:
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
-    impl = _implementation(candidate, reference, backend)
+    impl = _implementation(candidate, reference, backend, options, binary_targets)
+    takes = _named_options(candidate, info, options)
     label = D.canonical("cpu" if device is None else device, "device")
     if label == D.ALL:
         raise ValueError(f"`device` must name one device. Received: device={device!r}.")
@@ -442,10 +569,23 @@ def check(
     mode = "jit" if (jit and backend == "jax") else "eager"
     report = CheckReport(impl.name, reference, backend, options, standard, dtypes, device=label)
     report.precision = D.pin_precision([backend])
-    hazards: dict[tuple[str, str], Hazard] = {}
+    hazards: dict[tuple[str, str, str], Hazard] = {}
+    closed_over = [o.name for o in info.options if o.differentiable and o.name not in takes
+                   and options.get(o.name) is not None]  # fmt: skip
+    if closed_over:
+        report.notes.append(
+            f"gradient w.r.t. {', '.join(closed_over)} not judged: the candidate does not take "
+            f"{'it' if len(closed_over) == 1 else 'them'} as an argument (name "
+            f"{'it' if len(closed_over) == 1 else 'them'} in its signature to have "
+            f"{'it' if len(closed_over) == 1 else 'them'} judged)"
+        )
 
     def record(failure: Failure, region: str, dtype: str) -> None:
-        key = (failure.kind, region)
+        # a problem only in the gradient w.r.t. targets or an option is a distinct hazard
+        subjects = {m.group(1) for m in map(_SUBJECT.match, failure.problems) if m}
+        only = "/".join(sorted(subjects)) if subjects and all(
+            _SUBJECT.match(p) for p in failure.problems) else ""  # fmt: skip
+        key = (failure.kind, region, only)
         hazard = hazards.get(key)
         if hazard is None:
             hazards[key] = Hazard(failure, region, 1, [dtype])
@@ -456,7 +596,9 @@ def check(
         if np.size(failure.logits) < np.size(hazard.failure.logits):
             hazard.failure = failure
 
+    user_options = options
     for dtype in dtypes:
+        options = _for_dtype(user_options, takes, dtype)
         unsupported = _probe(impl, reference, options, binary_targets, dtype, dev, jit, standard,
                              report)  # fmt: skip
         if unsupported is None:  # raised on every probe: nothing to judge
@@ -469,13 +611,14 @@ def check(
         left_out = unsupported | {_SKIPPED_FEATURES[r] for r in skip if r in _SKIPPED_FEATURES}
         for case in adversarial_cases(reference, dtype, options, skip, binary_targets):
             report.cases_run += 1
-            if features(case, options) & left_out:
+            if features(case, options) & left_out or not fits(case, options):
                 continue
             prep = B.prepare(case, dtype)
             kind, judgement, outcome = evaluate(impl, prep, dev, jit, standard)
             if kind == "skipped":
                 continue
             report.cases_judged += kind != "error"
+            _note_input_grads(report, impl, prep, outcome, kind)
             if kind == "ok":
                 continue
             small, small_j, small_o = minimise(impl, prep, dev, jit, kind, standard)
@@ -505,6 +648,23 @@ def check(
     if report.cases_judged == 0 and not report.hazards:
         report.notes.append("nothing was judged: every case used a feature the candidate lacks")
     return report
+
+
+def _note_input_grads(report, impl, prep, outcome, kind) -> None:
+    """Counts the gradients w.r.t. targets and options that were judged; one that autodiff could
+    not give is listed as not available, with a reproducer (the first case that showed it)."""
+    if kind == "error":
+        return
+    for name in outcome.input_grads:
+        report.judged_grads[name] = report.judged_grads.get(name, 0) + 1
+    for name, why in outcome.input_grad_errors.items():
+        key = GRAD_PREFIX + name
+        size = prep.logits.size
+        if key not in report.unsupported or size < report._grad_sizes.get(key, 0):
+            # the smallest case that showed it, for a short reproducer
+            report._grad_sizes[key] = size
+            repro = B.reproducer(impl, prep, report.device, wrt=(name,))
+            report.unsupported[key] = f"{why}\n      reproduce: {repro}"
 
 
 def _probe(impl, reference, options, binary, dtype, device, jit, standard, report):
@@ -588,10 +748,12 @@ def _explore(
     allow_ignore = "ignored" not in skip and "ignored" not in unsupported
     sigmoid_targets = [0.0, 1.0] if binary or "soft" in unsupported else [0.0, 1.0, 0.5, 0.25]
 
+    fixed_n, fixed_c = _fixed_shape(reference, options)
+
     @st.composite
     def inputs(draw):
-        n = draw(st.integers(1, 3))
-        c = draw(st.integers(1, 6)) if softmax else draw(st.integers(1, 4))
+        n = fixed_n or draw(st.integers(1, 3))
+        c = fixed_c or (draw(st.integers(1, 6)) if softmax else draw(st.integers(1, 4)))
         values = draw(st.lists(element, min_size=n * c, max_size=n * c))
         z = np.clip(np.array(values, dtype=np.float64).reshape(n, c), -big, big)
         if not softmax:
@@ -626,6 +788,8 @@ def _explore(
         z, t = data
         state["count"] += 1
         case = Case(reference, "hypothesis", "example", z, t, dict(options))
+        if not fits(case, options):
+            return
         prep = B.prepare(case, dtype)
         kind, judgement, outcome = evaluate(impl, prep, device, jit, standard)
         if kind in ("ok", "skipped"):

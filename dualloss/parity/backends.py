@@ -96,6 +96,9 @@ class Implementation:
     notes: list[str] = field(default_factory=list)
     # False for cases the function cannot express (e.g. ignore_index targets for optax)
     supports: Callable[[Prepared], bool] = lambda prep: True
+    # the inputs besides the logits whose gradients are taken and judged in a case: 'targets'
+    # (probability targets) and option names, which `kwargs` must then give as float arrays
+    wrt: Callable[[Prepared], tuple[str, ...]] = lambda prep: ()
 
 
 def format_kwargs(kwargs: dict) -> str:
@@ -165,6 +168,10 @@ class Outcome:
     value: np.ndarray | None = None
     grad: np.ndarray | None = None  # spec layout (class axis last)
     error: str | None = None
+    # gradients w.r.t. the targets and options of ``Implementation.wrt`` (spec layout), and why
+    # one is missing: the framework gave none (disconnected) or differentiating it raised
+    input_grads: dict = field(default_factory=dict)
+    input_grad_errors: dict = field(default_factory=dict)
     skipped: bool = False
     # torch.compile raised (or timed out) where the eager call of the same function works
     compile_failed: bool = False
@@ -180,9 +187,10 @@ def torch_array(array: np.ndarray, dtype: str, device: str):
     """A torch tensor with exactly the values of `array` (already rounded to `dtype`)."""
     import torch
 
+    # np.ascontiguousarray makes a 0-d array 1-d: the shape is restored (a scalar option)
     if array.dtype == np.bool_ or np.issubdtype(array.dtype, np.integer):
-        return torch.from_numpy(np.ascontiguousarray(array)).to(device)
-    exact = torch.from_numpy(np.ascontiguousarray(array.astype(np.float64)))
+        return torch.from_numpy(np.ascontiguousarray(array)).reshape(array.shape).to(device)
+    exact = torch.from_numpy(np.ascontiguousarray(array.astype(np.float64))).reshape(array.shape)
     return exact.to(_torch_dtype(dtype)).to(device)
 
 
@@ -255,20 +263,44 @@ def time_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _call_torch(fn, x, t, kwargs):
-    """(value, grad) of `fn` at x, as float64 NumPy (the class axis where the candidate has it)."""
+NO_GRADIENT = "the framework returned no gradient (the loss does not depend on it through autodiff)"
+
+
+def _call_torch(fn, x, t, kwargs, wrt=()):
+    """(value, grad, input grads) of `fn` at x, as float64 NumPy (the class axis where the
+    candidate has it); input grads: name -> array, or None where autograd gave none."""
     import torch
 
     out = fn(x, t, **kwargs)
     if not isinstance(out, torch.Tensor):
         out = torch.as_tensor(out)
     value = out.detach().to(torch.float64).cpu().numpy()
+    inputs = [x] + [t if name == "targets" else kwargs[name] for name in wrt]
     if out.requires_grad:
-        (grad,) = torch.autograd.grad(out.sum(), x, allow_unused=True)
+        grads = torch.autograd.grad(out.sum(), inputs, allow_unused=True)
     else:
-        grad = None
-    grad = np.zeros(x.shape) if grad is None else grad.to(torch.float64).cpu().numpy()
-    return value, grad
+        grads = [None] * len(inputs)
+    grad = np.zeros(x.shape) if grads[0] is None else grads[0].to(torch.float64).cpu().numpy()
+    others = {name: None if g is None else g.to(torch.float64).cpu().numpy()
+              for name, g in zip(wrt, grads[1:], strict=True)}  # fmt: skip
+    return value, grad, others
+
+
+def _attempts(loss: str, wrt: tuple[str, ...], kwargs: dict) -> list[tuple[tuple[str, ...], dict]]:
+    """The calls to try, each (inputs to differentiate, keyword arguments): everything; then the
+    real-number options (gamma, a scalar alpha, label_smoothing) as Python floats, for a loss
+    that takes only numbers there; then nothing differentiated. A call that raises passes on to
+    the next; the last one's error is final."""
+    info = losses.get(loss)
+    scalars = [n for n in wrt if n != "targets" and np.ndim(kwargs[n]) == 0
+               and info.option(n).kind in ("real", "scalar_or_class_vector")]  # fmt: skip
+    as_floats = {**kwargs, **{n: float(kwargs[n]) for n in scalars}}
+    attempts = [(tuple(wrt), kwargs)]
+    if scalars:
+        attempts.append((tuple(n for n in wrt if n not in scalars), as_floats))
+    if wrt:
+        attempts.append(((), as_floats))
+    return attempts
 
 
 def _error_line(error: BaseException) -> str:
@@ -295,10 +327,26 @@ def run_torch(impl: Implementation, prep: Prepared, device: str, compiled: bool)
         if key not in _compiled_cache:
             _compiled_cache[key] = torch.compile(impl.fn, **COMPILE_OPTIONS)
         fn = _compiled_cache[key]
-    x = torch_array(logits, prep.dtype, device).requires_grad_(True)
     t = torch_array(targets, prep.dtype, device)
+    input_errors = {}
     try:
-        value, grad = _call_torch(fn, x, t, kwargs)
+        attempts = _attempts(impl.loss, impl.wrt(prep), kwargs)
+        for i, (wrt, given) in enumerate(attempts):
+            x = torch_array(logits, prep.dtype, device).requires_grad_(True)
+            leaves = {n: (t if n == "targets" else given[n]).detach().requires_grad_(True)
+                      for n in wrt}  # fmt: skip
+            options = {n: v for n, v in leaves.items() if n != "targets"}
+            try:
+                value, grad, others = _call_torch(
+                    fn, x, leaves.get("targets", t), {**given, **options}, wrt
+                )
+                break
+            except Exception as error:  # noqa: BLE001 - the last attempt's error is the loss's
+                if i == len(attempts) - 1:
+                    raise
+                dropped = set(wrt) - set(attempts[i + 1][0])
+                line = f"differentiating it raised {_error_line(error)}"
+                input_errors.update({n: line for n in dropped if n not in input_errors})
     except Exception as error:  # noqa: BLE001 - a crash is a finding, reported as such
         if not compiled:
             return Outcome(error=_error_line(error))
@@ -311,18 +359,31 @@ def run_torch(impl: Implementation, prep: Prepared, device: str, compiled: bool)
         return Outcome(error=_error_line(error), compile_failed=True)
     if softmax:
         grad = from_torch_layout(grad)
-    return Outcome(value=value, grad=grad)
+    input_grads = {}
+    for name, g in others.items():
+        if g is None:
+            input_errors[name] = NO_GRADIENT
+        else:
+            input_grads[name] = from_torch_layout(g) if softmax and name == "targets" else g
+    return Outcome(value=value, grad=grad, input_grads=input_grads,
+                   input_grad_errors=input_errors)  # fmt: skip
 
 
-def _jax_value_and_grad(fn, static):
-    """(x, t, arrays) -> (value, d sum(value) / dx); `static` are the non-array kwargs."""
+def _jax_value_and_grad(fn, static, wrt=()):
+    """(x, t, arrays) -> (value, d sum(value) / dx, {name: d sum(value) / d name for `wrt`});
+    `static` are the non-array kwargs, `wrt` names 'targets' and keys of `arrays`."""
     import jax
     import jax.numpy as jnp
 
     def value_and_grad(x, t, arrays):
-        value, pull = jax.vjp(lambda x: fn(x, t, **static, **arrays), x)
-        (grad,) = pull(jnp.ones_like(value))
-        return value, grad
+        def call(x, leaves):
+            given = {**arrays, **{n: v for n, v in leaves.items() if n != "targets"}}
+            return fn(x, leaves.get("targets", t), **static, **given)
+
+        leaves = {n: (t if n == "targets" else arrays[n]) for n in wrt}
+        value, pull = jax.vjp(call, x, leaves)
+        grad, others = pull(jnp.ones_like(value))
+        return value, grad, others
 
     return value_and_grad
 
@@ -336,9 +397,30 @@ def _static_key(static: dict):
         return None
 
 
-def run_jax(impl: Implementation, prep: Prepared, device: Any, compiled: bool) -> Outcome:
+def _jax_call(impl, kwargs, compiled, wrt, x, t):
+    """(value, grad, {name: grad}) as float64 NumPy, through one compiled function per
+    (implementation, static options, wrt): shapes share it."""
     import jax
     import jax.numpy as jnp
+
+    arrays = {k: v for k, v in kwargs.items() if isinstance(v, jax.Array)}
+    static = {k: v for k, v in kwargs.items() if k not in arrays}
+    key = ("jax", id(impl.fn), _static_key(static), compiled, wrt)
+    fn = _compiled_cache.get(key) if key[2] is not None else None
+    if fn is None:
+        fn = _jax_value_and_grad(impl.fn, static, wrt)
+        if compiled:
+            fn = jax.jit(fn)
+        if key[2] is not None:
+            _compiled_cache[key] = fn
+    value, grad, others = fn(x, t, arrays)
+    value = np.asarray(jnp.asarray(value)).astype(np.float64)
+    others = {n: np.asarray(g).astype(np.float64) for n, g in others.items()}
+    return value, np.asarray(grad).astype(np.float64), others
+
+
+def run_jax(impl: Implementation, prep: Prepared, device: Any, compiled: bool) -> Outcome:
+    import jax
 
     with jax.enable_x64(prep.dtype == "float64" or bool(jax.config.jax_enable_x64)):
         kwargs = impl.kwargs(prep.options, lambda a, like_logits=True: (
@@ -346,26 +428,25 @@ def run_jax(impl: Implementation, prep: Prepared, device: Any, compiled: bool) -
             else jax_array(a, prep.dtype, device)))  # fmt: skip
         if kwargs is None:
             return Outcome(skipped=True)
-        arrays = {k: v for k, v in kwargs.items() if isinstance(v, jax.Array)}
-        static = {k: v for k, v in kwargs.items() if k not in arrays}
-        # one compiled function per (implementation, static options): shapes share it
-        key = ("jax", id(impl.fn), _static_key(static), compiled)
-        fn = _compiled_cache.get(key) if key[2] is not None else None
-        if fn is None:
-            fn = _jax_value_and_grad(impl.fn, static)
-            if compiled:
-                fn = jax.jit(fn)
-            if key[2] is not None:
-                _compiled_cache[key] = fn
+        wrt = impl.wrt(prep)
+        input_errors = {}
         try:
             x = jax_array(prep.logits, prep.dtype, device)
             t = jax_array(prep.targets, prep.dtype, device)
-            value, grad = fn(x, t, arrays)
-            value = np.asarray(jnp.asarray(value)).astype(np.float64)
-            grad = np.asarray(grad).astype(np.float64)
+            attempts = _attempts(impl.loss, wrt, kwargs)
+            for i, (names, given) in enumerate(attempts):
+                try:
+                    value, grad, others = _jax_call(impl, given, compiled, names, x, t)
+                    break
+                except Exception as error:  # noqa: BLE001 - the last attempt's error is final
+                    if i == len(attempts) - 1:
+                        raise
+                    dropped = set(names) - set(attempts[i + 1][0])
+                    line = f"differentiating it raised {_error_line(error)}"
+                    input_errors.update({n: line for n in dropped if n not in input_errors})
         except Exception as error:  # noqa: BLE001 - a crash is a finding, reported as such
             return Outcome(error=f"{type(error).__name__}: {error}".splitlines()[0][:300])
-    return Outcome(value=value, grad=grad)
+    return Outcome(value=value, grad=grad, input_grads=others, input_grad_errors=input_errors)
 
 
 class DevicePoisoned(RuntimeError):
@@ -449,10 +530,12 @@ def _literal(array: np.ndarray) -> str:
     return walk(np.asarray(array))
 
 
-def reproducer(impl: Implementation, prep: Prepared, device: str = "cpu") -> str:
+def reproducer(impl: Implementation, prep: Prepared, device: str = "cpu", wrt=None) -> str:
     """One line of Python that calls `impl` on exactly the inputs of `prep` (value and grad), on
     `device` (a canonical name: torch gets ``device='cuda:N'``, JAX ``jax.devices(...)[N]``, the
-    CPU named too, since JAX's default device on a GPU machine is the GPU)."""
+    CPU named too, since JAX's default device on a GPU machine is the GPU). The gradients
+    w.r.t. the targets and options of `wrt` (default: ``impl.wrt(prep)``) are printed too."""
+    wrt = tuple(impl.wrt(prep) if wrt is None else wrt)
     case = prep.case
     softmax = losses.get(impl.loss).is_softmax
     big = prep.logits.size > _LITERAL_LIMIT
@@ -509,16 +592,32 @@ def reproducer(impl: Implementation, prep: Prepared, device: str = "cpu") -> str
     else:
         x = arr(logits)
         t = arr(targets)
-    kwargs = impl.kwargs(prep.options, lambda a, like_logits=True: _Code(arr(a)))
-    call = impl.expr(kwargs or {})
+    kwargs = impl.kwargs(prep.options, lambda a, like_logits=True: _Code(arr(a))) or {}
+    options = [n for n in wrt if n != "targets"]
+    # the differentiated options as named variables
+    bound = "".join(f"; {n} = {kwargs[n]}" + (".requires_grad_()" if lib == "torch" else "")
+                    for n in options)  # fmt: skip
+    kwargs = {**kwargs, **{n: _Code(n) for n in options}}
+    call = impl.expr(kwargs)
     imports = f"; {impl.imports}" if impl.imports else ""
     if lib == "torch":
+        t_grad = ".requires_grad_()" if "targets" in wrt else ""
+        grads = "".join(f", {'t' if n == 'targets' else n}.grad" for n in wrt)
         return (
-            f"{head}{imports}; x = {x}.requires_grad_(); t = {t}; y = {call}; "
-            "y.sum().backward(); print(y, x.grad)"
+            f"{head}{imports}; x = {x}.requires_grad_(); t = {t}{t_grad}{bound}; y = {call}; "
+            f"y.sum().backward(); print(y, x.grad{grads})"
         )
+    if not wrt:
+        return (
+            f"{head}{imports}; x = {x}; t = {t}; "
+            f"print(jax.value_and_grad(lambda x: ({call}).sum())(x))"
+        )
+    names = ["x", *("t" if n == "targets" else n for n in wrt)]
+    fixed = "" if "targets" in wrt else ", t=t"
+    params = ", ".join(names)
     return (
-        f"{head}{imports}; x = {x}; t = {t}; print(jax.value_and_grad(lambda x: ({call}).sum())(x))"
+        f"{head}{imports}; x = {x}; t = {t}{bound}; print(jax.value_and_grad(lambda {params}"
+        f"{fixed}: ({call}).sum(), argnums={tuple(range(len(names)))})({params}))"
     )
 
 

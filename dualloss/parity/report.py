@@ -157,59 +157,85 @@ def _nominal_margin(record) -> float | None:
     return -margin if record.region == "confident_wrong" else margin
 
 
-def _plots(result: RunResult, directory: str) -> list[tuple[str, str]]:
-    """(title, file) of each plot written; none when matplotlib is missing."""
+def _pyplot():
+    """matplotlib.pyplot on the Agg backend (files only), or None when matplotlib is missing."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def _margin_records(result: RunResult) -> list:
+    """The judged records of the confident regions that carry a nominal margin."""
+    return [r for r in result.records if r.region.startswith("confident")
+            and _nominal_margin(r) is not None and r.kind != "error"]  # fmt: skip
+
+
+def margin_figure(loss: str, records, plt):
+    """Error / tolerance against the target margin, one panel per confident region (the margins
+    in order, evenly spaced), one marker per implementation x dtype, non-finite calls as red x
+    at the top, the failure line at 1 drawn. Returns the matplotlib Figure."""
+    floor = 1e-4
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    groups = sorted(_group(records, ("impl", "dtype")).items())
+    order = sorted({abs(_nominal_margin(r)) for r in records})
+    markers = "osD^v<>ph*"
+    for ax, region in zip(axes, ("confident_correct", "confident_wrong"), strict=True):
+        for n, ((impl, dtype), rs) in enumerate(groups):
+            rs = [r for r in rs if r.region == region]
+            finite = [r for r in rs if r.kind != "non-finite"]
+            xs = [order.index(abs(_nominal_margin(r))) for r in finite]
+            ys = [max(r.ratio, floor) for r in finite]
+            ax.scatter(xs, ys, s=18, alpha=0.7, marker=markers[n % len(markers)],
+                       label=f"{impl} {dtype}")  # fmt: skip
+            bad = [order.index(abs(_nominal_margin(r))) for r in rs if r.kind == "non-finite"]
+            if bad:
+                ax.scatter(bad, [3e2] * len(bad), marker="x", color="red", s=40,
+                           label=f"{impl} {dtype}: non-finite")  # fmt: skip
+        ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.text(1.02, 1.0, " fails above", transform=ax.get_yaxis_transform(), fontsize=7,
+                va="center")  # fmt: skip
+        # the margins in order, evenly spaced: they run from 20 to 1e307 (a log axis would
+        # squash the interesting 20 .. 800, and matplotlib's overflow near 1e308)
+        names = [f"{m:g}" if m < 1e4 else f"{m:.2g}" for m in order]
+        ax.set_xticks(range(len(order)), names, rotation=45, fontsize=7)
+        ax.set_xlim(-0.5, len(order) - 0.5)
+        ax.set_yscale("log")
+        ax.set_ylim(floor / 2, 1e3)
+        ax.set_xlabel("target logit margin (increasing difficulty)")
+        what = "target leads" if region == "confident_correct" else "target trails"
+        ax.set_title(f"{region}: {what} by the margin", fontsize=9)
+        ax.grid(True, which="major", alpha=0.3)
+    axes[0].set_ylabel(f"worst error / tolerance (floor {floor:g})")
+    handles, labels = axes[0].get_legend_handles_labels()
+    # the right panel may hold entries the left lacks (non-finite only there)
+    for handle, label in zip(*axes[1].get_legend_handles_labels(), strict=True):
+        if label not in labels:
+            handles.append(handle)
+            labels.append(label)
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
+    fig.suptitle(f"{loss}: error / tolerance vs margin (x at the top: non-finite)",
+                 fontsize=10)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.1 + 0.03 * (len(labels) // 4), 1, 1))
+    return fig
+
+
+def _plots(result: RunResult, directory: str) -> list[tuple[str, str]]:
+    """(title, file) of each plot written; none when matplotlib is missing."""
+    plt = _pyplot()
+    if plt is None:
         return []
     written = []
     overview = _overview_plot(result, directory, plt)
     if overview:
         written.append(overview)
-    margin_records = [r for r in result.records if r.region.startswith("confident")
-                      and _nominal_margin(r) is not None and r.kind != "error"]  # fmt: skip
-    floor = 1e-4
+    margin_records = _margin_records(result)
     for (loss,), records in sorted(_group(margin_records, ("loss",)).items()):
-        fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-        groups = sorted(_group(records, ("impl", "dtype")).items())
-        order = sorted({abs(_nominal_margin(r)) for r in records})
-        markers = "osD^v<>ph*"
-        for ax, region in zip(axes, ("confident_correct", "confident_wrong"), strict=True):
-            for n, ((impl, dtype), rs) in enumerate(groups):
-                rs = [r for r in rs if r.region == region]
-                finite = [r for r in rs if r.kind != "non-finite"]
-                xs = [order.index(abs(_nominal_margin(r))) for r in finite]
-                ys = [max(r.ratio, floor) for r in finite]
-                ax.scatter(xs, ys, s=18, alpha=0.7, marker=markers[n % len(markers)],
-                           label=f"{impl} {dtype}")  # fmt: skip
-                bad = [order.index(abs(_nominal_margin(r))) for r in rs if r.kind == "non-finite"]
-                if bad:
-                    ax.scatter(bad, [3e2] * len(bad), marker="x", color="red", s=40,
-                               label=f"{impl} {dtype}: non-finite")  # fmt: skip
-            ax.axhline(1.0, color="black", lw=0.8, ls="--")
-            ax.text(1.02, 1.0, " fails above", transform=ax.get_yaxis_transform(), fontsize=7,
-                    va="center")  # fmt: skip
-            # the margins in order, evenly spaced: they run from 20 to 1e307 (a log axis would
-            # squash the interesting 20 .. 800, and matplotlib's overflow near 1e308)
-            names = [f"{m:g}" if m < 1e4 else f"{m:.2g}" for m in order]
-            ax.set_xticks(range(len(order)), names, rotation=45, fontsize=7)
-            ax.set_xlim(-0.5, len(order) - 0.5)
-            ax.set_yscale("log")
-            ax.set_ylim(floor / 2, 1e3)
-            ax.set_xlabel("target logit margin (increasing difficulty)")
-            what = "target leads" if region == "confident_correct" else "target trails"
-            ax.set_title(f"{region}: {what} by the margin", fontsize=9)
-            ax.grid(True, which="major", alpha=0.3)
-        axes[0].set_ylabel(f"worst error / tolerance (floor {floor:g})")
-        handles, labels = axes[0].get_legend_handles_labels()
-        fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=4, frameon=False)
-        fig.suptitle(f"{loss}: error / tolerance vs margin (x at the top: non-finite)",
-                     fontsize=10)  # fmt: skip
-        fig.tight_layout(rect=(0, 0.1 + 0.03 * (len(labels) // 4), 1, 1))
+        fig = margin_figure(loss, records, plt)
         name = f"margin_{loss}.png"
         fig.savefig(os.path.join(directory, name), dpi=90, bbox_inches="tight")
         plt.close(fig)
@@ -220,8 +246,9 @@ def _plots(result: RunResult, directory: str) -> list[tuple[str, str]]:
     return written
 
 
-def _nonfinite_map(loss, impl, records, directory, plt) -> tuple[str, str]:
-    """Signed margin x gamma: the fraction of dtypes (and modes) whose call was non-finite."""
+def nonfinite_figure(loss, impl, records, plt):
+    """Signed margin x gamma: the fraction of dtypes (and modes) whose call was non-finite, grey
+    where nothing ran, with a colour bar. Returns the matplotlib Figure."""
     margins = sorted({_nominal_margin(r) for r in records})
     gammas = sorted({r.gamma for r in records})
     bad = np.zeros((len(gammas), len(margins)))
@@ -246,17 +273,22 @@ def _nonfinite_map(loss, impl, records, directory, plt) -> tuple[str, str]:
     bar = fig.colorbar(image, ax=ax, fraction=0.03, pad=0.01)
     bar.set_label("fraction of dtypes/modes\nnon-finite", fontsize=7)
     bar.ax.tick_params(labelsize=6)
-    name = f"nonfinite_{loss}_{impl}.png".replace(" ", "_").replace("(", "").replace(")", "")
     fig.tight_layout()
+    return fig
+
+
+def _nonfinite_map(loss, impl, records, directory, plt) -> tuple[str, str]:
+    fig = nonfinite_figure(loss, impl, records, plt)
+    name = f"nonfinite_{loss}_{impl}.png".replace(" ", "_").replace("(", "").replace(")", "")
     fig.savefig(os.path.join(directory, name), dpi=90, bbox_inches="tight")
     plt.close(fig)
     return (f"non-finite map {impl} {loss}", name)
 
 
-def _overview_plot(result: RunResult, directory: str, plt) -> tuple[str, str] | None:
+def overview_figure(result: RunResult, plt):
     """One cell per (loss x implementation, region): the worst err/tol over dtypes, devices and
     modes, colour on a log scale with the value written in; red text beyond 1, 'NaN' where a
-    call was non-finite, 'ERR' where one raised."""
+    call was non-finite, 'ERR' where one raised. Returns the Figure, or None with no records."""
     records = [r for r in result.records if r.kind != "skipped"]
     if not records:
         return None
@@ -274,7 +306,8 @@ def _overview_plot(result: RunResult, directory: str, plt) -> tuple[str, str] | 
             label[i, j] = "ERR"
         else:
             label[i, j] = _fmt(worst[i, j])
-    fig, ax = plt.subplots(figsize=(1.2 + 0.75 * len(regions), 1.4 + 0.4 * len(rows)))
+    # wide enough for the title and the colour bar's label also when few regions ran
+    fig, ax = plt.subplots(figsize=(max(6.5, 2.5 + 0.75 * len(regions)), 1.6 + 0.4 * len(rows)))
     shown = np.log10(np.clip(worst, 1e-4, 1e2))
     cmap = plt.get_cmap("viridis").with_extremes(bad="lightgrey")
     image = ax.imshow(np.ma.masked_invalid(shown), aspect="auto", cmap=cmap, vmin=-4, vmax=2)
@@ -296,9 +329,16 @@ def _overview_plot(result: RunResult, directory: str, plt) -> tuple[str, str] | 
     bar = fig.colorbar(image, ax=ax, fraction=0.03, pad=0.01)
     bar.set_label("log10 worst error / tolerance\n(> 0 fails; grey: not run)", fontsize=7)
     bar.ax.tick_params(labelsize=6)
-    ax.set_title("overview: worst error / tolerance per implementation and region "
+    ax.set_title("overview: worst error / tolerance per implementation and region\n"
                  "(over dtypes, devices, modes)", fontsize=8)  # fmt: skip
     fig.tight_layout()
+    return fig
+
+
+def _overview_plot(result: RunResult, directory: str, plt) -> tuple[str, str] | None:
+    fig = overview_figure(result, plt)
+    if fig is None:
+        return None
     name = "overview.png"
     fig.savefig(os.path.join(directory, name), dpi=90, bbox_inches="tight")
     plt.close(fig)

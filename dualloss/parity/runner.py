@@ -167,6 +167,7 @@ def judge_outcome(prep: B.Prepared, outcome: B.Outcome, standard: str = "strict"
         outcome.value,
         outcome.grad,
         standard=standard,
+        input_grads=outcome.input_grads,
     )
 
 

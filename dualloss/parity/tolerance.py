@@ -156,6 +156,44 @@ scale: ``log(p + 1e-8)`` returns 18.4 where a confidently wrong row's loss is 10
 allowance ~1e-4) with a vanishing gradient (error ~1 at entries of size ~1), and clamping the
 logits to +-1e3 is wrong by the margin beyond 1e3.
 
+Gradients w.r.t. targets and options (both standards; ``judge(input_grads=...)``)
+--------------------------------------------------------------------------------
+
+``parity.check`` also judges the gradient w.r.t. probability targets and w.r.t. the options a
+candidate takes as arguments (weight, alpha, gamma, pos_weight, label_smoothing) against
+``spec.<loss>_grad(wrt=...)``. Each of them is a sum of the pieces the value is made of, so the
+error model is the value's, per piece, with that gradient's coefficient:
+
+* softmax: every one is built from the loss per unit of mass g_c = -(1 - p_c)^g log p_c, whose
+  error model is the value's per class, U_c = (1 - p_c)^g (1 + kappa_c + |log p_c|)
+  (1 + g (1 + |log(1 - p_c)|)) (kappa_c with the inputs' own rounding, as in the practical
+  base). The coefficients: targets (1 - eps) |w_c| (per entry, no sum); a class vector (weight,
+  alpha) |t~_c| summed over the elements; a scalar alpha the same over everything; gamma
+  |a_c| (1 + |log(1 - p_c)|) (the extra factor: log(1 - p) is itself computed); label smoothing
+  |w_c| |u_c - t_c| (u the uniform share). Weighted index cross entropy with 'mean' is a
+  quotient, dL/dw_c = S_c / D - n_c T / D^2: the second term adds n_c sum_k |w_k| scale_k / D.
+* sigmoid (per element, x the logit): cross entropy, targets |w| (1 + |q|) (1 + |x|), weight
+  (|1 - t| + |q t|) (1 + |x|), pos_weight |w t| (1 + |x|); focal, with base = (1 - p_t)^g
+  (1 + |x|) (1 + g (1 + |log(1 - p_t)|)): targets (|2 alpha - 1| + |alpha_t|) (1 + g) base,
+  gamma |alpha_t| base (1 + |log(1 - p_t)|), alpha |2t - 1| base. The |x| is both the rounding
+  of x itself and what d ce / dt = -x carries.
+* a sum over n terms (every option gradient but the targets') adds pairwise summation,
+  (1 + ceil(log2 n)) u sum |terms|, each term's scale bounding its size: the summed scale is
+  (2 + ceil(log2 n)) sum scale.
+* practical: K u (|reference| + scale / divisor) + K u max|gradient| + the underflow term;
+  strict: STRICT_ULPS ulp(reference) + u scale / divisor + STRICT_FORGIVEN TINY (1 + g)
+  max|weights| (one rounding of each piece at its size plus the one-ULP input spread, which the
+  kappa_c and |x| terms carry), and for float16 / bfloat16 the float32 tolerance plus one
+  rounding to the half dtype, as for the logits gradient.
+* the scales are formed times 2**-16 (exact), so that logits near half the float64 range do
+  not overflow them, and u is divided by it again.
+
+A gradient the candidate cannot give (autograd returns none, or differentiating raises) is not
+judged: ``check`` lists it as "gradient w.r.t. ... not available" with a reproducer.
+
+A true result beyond the dtype's largest number (a float32 gradient of 5.1e38) returned as inf of
+its sign is that result correctly rounded, not a failure.
+
 A non-finite candidate value or gradient where the spec is finite is a failure of its own kind
 ("non-finite"), never an accuracy failure; so is a finite candidate where the spec is NaN or inf
 ("hidden non-finite"): NaN logits must propagate.
@@ -188,6 +226,12 @@ SMALLEST_NORMAL = {
     "float32": 2.0**-126,
     "float16": 2.0**-14,
     "bfloat16": 2.0**-126,
+}
+LARGEST = {
+    "float64": float(np.finfo(np.float64).max),
+    "float32": float(np.finfo(np.float32).max),
+    "float16": 65504.0,
+    "bfloat16": (2.0 - 2.0**-7) * 2.0**127,
 }
 MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
 K = 8.0
@@ -450,6 +494,9 @@ class Judgement:
     worst_value_ulp: float = 0.0
     worst_grad_ulp: float = 0.0
     worst_ratio: float = 0.0
+    # gradients w.r.t. targets and options (``judge(input_grads=...)``), by name
+    expected_input_grads: dict = field(default_factory=dict)
+    received_input_grads: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -466,6 +513,11 @@ def _compare(what, expected, received, tolerance, dtype, nonfinite, inaccurate):
     received = np.broadcast_to(np.asarray(received, dtype=np.float64), expected.shape)
     exp_finite = np.isfinite(expected)
     rec_finite = np.isfinite(received)
+    # a true result beyond the dtype's largest number rounds to inf of its sign: correct
+    with np.errstate(invalid="ignore"):
+        rounded_to_inf = received == np.sign(expected) * np.inf
+        overflow = exp_finite & (np.abs(expected) > LARGEST[dtype]) & rounded_to_inf
+    exp_finite = exp_finite & ~overflow
     bad = exp_finite & ~rec_finite
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0]) if expected.ndim else ()
@@ -474,7 +526,8 @@ def _compare(what, expected, received, tolerance, dtype, nonfinite, inaccurate):
             f"{_num(expected[where])} ({int(bad.sum())} of {bad.size} entries non-finite)"
         )
     # where the spec is NaN or inf, the candidate must not return a plausible number
-    hidden = ~exp_finite & ~((np.isnan(expected) & np.isnan(received)) | (expected == received))
+    hidden = ~exp_finite & ~overflow
+    hidden = hidden & ~((np.isnan(expected) & np.isnan(received)) | (expected == received))
     if hidden.any():
         where = tuple(int(i) for i in np.argwhere(hidden)[0]) if expected.ndim else ()
         nonfinite.append(
@@ -484,7 +537,8 @@ def _compare(what, expected, received, tolerance, dtype, nonfinite, inaccurate):
     both = exp_finite & rec_finite
     if not both.any():
         return 0.0, 0.0
-    error = np.where(both, np.abs(received - expected), 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):
+        error = np.where(both, np.abs(received - expected), 0.0)
     ulps = error / ulp(expected, dtype)
     ratio = np.where(both, error / np.maximum(tolerance, SMALLEST_SUBNORMAL[dtype]), 0.0)
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.ndim else ()
@@ -514,8 +568,9 @@ def judge(
     grad: Any = None,
     *,
     standard: str = "strict",
+    input_grads: dict | None = None,
 ) -> Judgement:
-    """Compares a candidate's value (and gradient w.r.t. the logits) with the spec.
+    """Compares a candidate's value (and gradients) with the spec.
 
     Args:
       loss: the spec loss name, e.g. 'softmax_focal_loss'.
@@ -528,6 +583,9 @@ def judge(
         or None to judge the value alone.
       standard: 'strict' (dualloss's own backends) or 'practical' (users' code: the
         backward-stability and whole-result allowances of the module docstring).
+      input_grads: the candidate's gradients of the same sum w.r.t. 'targets' (probability
+        targets, the logits' layout) and options ('weight', 'alpha', 'gamma', 'pos_weight',
+        'label_smoothing'), shaped like them; judged against ``spec.<loss>_grad(wrt=...)``.
 
     Returns:
       a ``Judgement``; ``.ok`` is True when both are finite where the spec is and within tolerance.
@@ -570,6 +628,18 @@ def judge(
         worst_grad_ulp, grad_ratio = _compare(
             "gradient", expected_grad, grad, grad_tolerance, dtype, nonfinite, inaccurate
         )
+    expected_inputs, received_inputs = {}, {}
+    for name, received in (input_grads or {}).items():
+        expected = np.asarray(info.grad(logits, targets, **options, wrt=name), dtype=np.float64)
+        tolerance = _input_grad_tolerance(info, logits, targets, options, dtype, standard, name,
+                                          expected, intermediates)  # fmt: skip
+        received = np.asarray(received, dtype=np.float64)
+        if received.shape != expected.shape and received.size == expected.size:
+            received = received.reshape(expected.shape)
+        ulps, ratio = _compare(f"gradient w.r.t. {name}", expected, received, tolerance, dtype,
+                               nonfinite, inaccurate)  # fmt: skip
+        worst_grad_ulp, grad_ratio = max(worst_grad_ulp, ulps), max(grad_ratio, ratio)
+        expected_inputs[name], received_inputs[name] = expected, received
     return Judgement(
         loss=loss,
         dtype=dtype,
@@ -585,6 +655,8 @@ def judge(
         worst_value_ulp=worst_value_ulp,
         worst_grad_ulp=worst_grad_ulp,
         worst_ratio=max(value_ratio, grad_ratio),
+        expected_input_grads=expected_inputs,
+        received_input_grads=received_inputs,
     )
 
 
@@ -658,6 +730,147 @@ def _textbook_focal_allowance(info, elements, options, u):
     return value, np.moveaxis(grad, -1, elements.axis)
 
 
+# ----------------------------------------------------------------------------------------------
+# Gradients w.r.t. the targets and the options
+# ----------------------------------------------------------------------------------------------
+
+
+def _softmax_input_scale(info, elements, logits, targets, options, name):
+    """The scale of d(loss)/d`name` (module docstring, "Gradients w.r.t. targets and options"):
+    per target entry (class axis last) for 'targets', per class for a class vector, a number
+    for the scalars; before the division by the mean's denominator."""
+    gamma = info.gamma(options)
+    eps = float(options.get("label_smoothing", 0.0))
+    vector = info.class_vector
+    with np.errstate(all="ignore"):
+        terms = elements.terms
+        z = elements.z
+        z_top = np.max(z, axis=-1, keepdims=True)
+        kappa = np.where(np.isfinite(z), np.abs(z - z_top) + np.abs(z), 0.0)
+        kappa = kappa + np.where(np.isfinite(z_top), np.abs(z_top), 0.0)
+        log_not_p = np.where(np.isfinite(terms.log_not_p), np.abs(terms.log_not_p), 0.0)
+        power_error = 1.0 + gamma * (1.0 + log_not_p)
+        finite_log_p = np.where(np.isfinite(terms.log_p), np.abs(terms.log_p), 0.0)
+        # one unit of mass: g_c = -(1 - p_c)^gamma log p_c and the error of computing it (in
+        # units of 1 / SHRINK: logits near half the float64 range would overflow the sums)
+        unit = terms.focal_weight * (SHRINK + SHRINK * kappa + SHRINK * finite_log_p) * power_error
+        unit = np.where(elements.keep[..., None] & elements.valid & np.isfinite(unit), unit, 0.0)
+        weights = options.get(vector) if vector else None
+        class_weight = 1.0 if weights is None else np.abs(np.asarray(weights, dtype=np.float64))
+        if name == "targets":
+            return (1.0 - eps) * class_weight * unit
+        plain = dict(options, reduction="none", **({vector: None} if vector else {}))
+        smoothed = np.abs(info.intermediates(logits, targets, **plain).a)
+        if name == "gamma":
+            per_entry = np.abs(elements.a) * unit * (1.0 + log_not_p)
+        elif name == "label_smoothing":
+            # dl/deps = sum_c w_c (u_c - t_c) g_c: u the uniform share, t the unsmoothed target
+            u = info.intermediates(logits, targets, **dict(plain, label_smoothing=1.0)).a
+            t = info.intermediates(logits, targets, **dict(plain, label_smoothing=0.0)).a
+            per_entry = class_weight * np.abs(u - t) * unit
+        else:  # the class vector (weight, alpha): dl/dw_c = t~_c g_c
+            per_entry = smoothed * unit
+        per_entry = np.where(np.isfinite(per_entry), per_entry, 0.0)
+        flat = per_entry.reshape(-1, per_entry.shape[-1])
+        # pairwise summation over the elements (and classes, for a number): (1 + ceil(log2 n)) u
+        # sum |terms|, each term's scale bounding its size
+        if name in ("weight", "alpha") and np.ndim(weights) == 1:
+            summation = 2.0 + math.ceil(math.log2(max(flat.shape[0], 1)))
+            per_class = summation * np.sum(flat, axis=0)
+            if (
+                name == "weight"
+                and targets.dtype.kind in "iu"
+                and options.get("reduction", "mean") == "mean"
+            ):
+                # L = T / D, D = sum_k w_k n_k: dL/dw_c = S_c / D - n_c T / D^2; the second
+                # term's scale is n_c sum_k |w_k| scale_k / D, the division by D done by the caller
+                one_hot = info.intermediates(logits, targets, **dict(plain, label_smoothing=0.0)).a
+                counts = np.sum(one_hot.reshape(-1, flat.shape[-1]), axis=0)
+                denominator = max(elements.denominator, 1e-300)
+                others = np.sum(class_weight * per_class) / denominator
+                per_class = per_class + counts * others
+            return per_class
+        summation = 2.0 + math.ceil(math.log2(max(flat.size, 1)))
+        return np.float64(summation * np.sum(flat))
+
+
+def _sigmoid_input_scale(info, elements, options, name, shape):
+    """The scale of d(loss)/d`name` for a sigmoid loss (module docstring), summed to `shape`
+    (the option's, or the logits' for 'targets'); before the division by the mean's divisor."""
+    gamma = info.gamma(options)
+    with np.errstate(all="ignore"):
+        x, t, w, q = elements.x, elements.t, np.abs(elements.w), np.abs(elements.q)
+        # in units of 1 / SHRINK, as for the softmax losses
+        grow = SHRINK + SHRINK * np.abs(x)
+        if elements.focal is None:
+            if name == "targets":
+                scale = w * (1.0 + q) * grow
+            elif name == "weight":
+                scale = (np.abs(1.0 - t) + q * np.abs(t)) * grow
+            else:  # pos_weight
+                scale = w * np.abs(t) * grow
+        else:
+            focal = elements.focal
+            log_not_pt = np.where(np.isfinite(focal.log_not_pt), np.abs(focal.log_not_pt), 0.0)
+            base = focal.focal_weight * grow * (1.0 + gamma * (1.0 + log_not_pt))
+            alpha = options.get("alpha")
+            slope = 0.0 if alpha is None else abs(2.0 * float(alpha) - 1.0)
+            if name == "targets":
+                scale = (slope + np.abs(focal.alpha_t)) * (1.0 + gamma) * base
+            elif name == "gamma":
+                scale = np.abs(focal.alpha_t) * base * (1.0 + log_not_pt)
+            else:  # alpha
+                scale = np.abs(2.0 * t - 1.0) * base
+        scale = np.where(np.isfinite(scale), scale, 0.0)
+        if name == "targets":
+            return scale
+        shape = tuple(shape)
+        summed = np.sum(scale, axis=tuple(range(scale.ndim - len(shape))))
+        stretched = tuple(i for i, n in enumerate(shape) if n == 1 and summed.shape[i] != 1)
+        summed = np.sum(summed, axis=stretched, keepdims=True).reshape(shape)
+        summation = 2.0 + math.ceil(math.log2(max(scale.size // max(summed.size, 1), 1)))
+        return summation * summed
+
+
+# the input-gradient scales are formed times SHRINK (exact: a power of two), so that they stay
+# finite for logits near half the float64 range; the tolerance multiplies u / SHRINK back in
+SHRINK = 2.0**-16
+
+
+def _input_grad_tolerance(info, logits, targets, options, dtype, standard, name, expected,
+                          intermediates):  # fmt: skip
+    """Tolerance of the gradient w.r.t. `name` (module docstring, both standards)."""
+    reduction = options.get("reduction", "mean")
+    element_options = dict(options, reduction="none")
+    if info.is_softmax:
+        scale = _softmax_input_scale(info, intermediates, logits, np.asarray(targets),
+                                     element_options | {"reduction": reduction}, name)  # fmt: skip
+        if name == "targets":
+            scale = np.moveaxis(scale, -1, intermediates.axis)
+    else:
+        scale = _sigmoid_input_scale(info, intermediates, element_options, name, np.shape(expected))
+    divisor = _mean_divisor(intermediates) if reduction == "mean" else 1.0
+    multiplier = _underflow_multiplier(info, options)
+    with np.errstate(all="ignore"):
+        if standard == "practical":
+            u = UNIT_ROUNDOFF[dtype]
+            return (
+                K * u * np.abs(expected)
+                + (K * u / SHRINK) * scale / divisor
+                + K * u * _largest(expected)
+                + K * SMALLEST_NORMAL[dtype] * multiplier
+            )
+        work = "float32" if dtype in HALF else dtype
+        tolerance = (
+            STRICT_ULPS * ulp(expected, work)
+            + (UNIT_ROUNDOFF[work] / SHRINK) * scale / divisor
+            + STRICT_FORGIVEN * SMALLEST_NORMAL[work] * multiplier
+        )
+        if dtype in HALF:
+            tolerance = tolerance + _one_rounding(expected, dtype)
+        return tolerance
+
+
 def _largest(array) -> float:
     """max |finite entry| of `array` (0 when none): the scale of the whole result."""
     array = np.asarray(array, dtype=np.float64)
@@ -713,9 +926,11 @@ def assert_matches_spec(
     *,
     context: str = "",
     standard: str = "strict",
+    input_grads: dict | None = None,
 ) -> Judgement:
     """``judge``, raising AssertionError with every problem and the call named in `context`."""
-    judgement = judge(loss, logits, targets, options, dtype, value, grad, standard=standard)
+    judgement = judge(loss, logits, targets, options, dtype, value, grad, standard=standard,
+                      input_grads=input_grads)  # fmt: skip
     if not judgement.ok:
         problems = "; ".join(judgement.nonfinite + judgement.inaccurate)
         raise AssertionError(f"{context or loss} [{judgement.dtype}]: {problems}")
