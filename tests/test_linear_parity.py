@@ -188,6 +188,7 @@ def _matrix():
                         yield pytest.param(*params, marks=marks, id="-".join(params))
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(("backend", "dtype", "region", "option", "reduction"), list(_matrix()))
 def test_backend_matches_spec_within_the_derived_bound(backend, dtype, region, option, reduction):
     name, options = OPTIONS[option]

@@ -109,6 +109,7 @@ def _materialise(options, loss, dtype, num_classes=5):
     return options
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("kind", ["index", "prob"])
