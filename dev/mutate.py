@@ -137,7 +137,8 @@ def _copy(destination: Path) -> None:
 def _pytest(directory: Path, *args: str) -> tuple[bool, str]:
     """(passed, tail of the output) of python -m pytest in `directory`."""
     command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *args]
-    env = dict(os.environ, DUALLOSS_CONFORMANCE_DTYPES="all")
+    # the full profile (tests/conftest.py): a mutant must meet every parameter set, not a subset
+    env = dict(os.environ, DUALLOSS_CONFORMANCE_DTYPES="all", DUALLOSS_FULL_TESTS="1")
     out = subprocess.run(command, cwd=directory, capture_output=True, text=True, env=env)
     return out.returncode == 0, (out.stdout + out.stderr).strip().splitlines()[-1:]
 

@@ -6,8 +6,9 @@ Each record of ``dualloss.losses`` is checked three ways:
   (``losses.RECORDS``, the fused linear losses included);
 * both backends match the spec on the parity suite's adversarial cases, judged by the parity
   tolerance (``dualloss.parity.runner.run_matrix``, the same machinery ``dualloss-parity run``
-  uses); float32 on two regions in the quick loop, every dtype and region under ``slow``
-  (the fused linear losses: ``tests/test_linear_parity.py``, through ``parity.linear``);
+  uses); float32 on two regions in the quick loop, every region under ``slow`` (by default each
+  backend, loss and dtype once, as CI's parity command judges the whole matrix; ``--full``: all;
+  the fused linear losses: ``tests/test_linear_parity.py``, through ``parity.linear``);
 * every error input of every record is refused by spec, torch_impl and jax_impl with the same
   exception type and the byte-identical message.
 
@@ -115,6 +116,7 @@ def test_backend_matches_spec_on_typical_and_masked_cases_float32(backend, info)
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive(strength=1)  # CI's parity command judges the whole matrix, 4 dtypes
 @pytest.mark.parametrize("dtype", FULL_DTYPES)
 @pytest.mark.parametrize("info", losses.LOSSES, ids=losses.NAMES)
 @pytest.mark.parametrize("backend", B.BACKENDS)

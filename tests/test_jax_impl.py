@@ -103,6 +103,7 @@ def _case_id(case):
     return f"{loss}[{'index' if index else 'prob'}]({text})"
 
 
+@pytest.mark.exhaustive(strength=1)  # every case and every dtype; JAX eager compiles per call
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
 def test_value_and_grad_match_spec(case, dtype):
@@ -179,6 +180,7 @@ def adversarial_judgements(loss, options, dtype):
     return judgements
 
 
+@pytest.mark.exhaustive(strength=1)
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     "case", ADVERSARIAL, ids=[f"{loss}({options})" for loss, options in ADVERSARIAL]

@@ -71,6 +71,7 @@ def _judged(backend, name, options, dtype, region, reduction):
     return prep, outcome, L.judge(name, prep, outcome, "strict")
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize(("backend", "dtype", "region", "option", "reduction"), list(_matrix()))
 def test_backend_matches_spec_within_the_derived_bound(backend, dtype, region, option, reduction):
     name, options = OPTIONS[option]

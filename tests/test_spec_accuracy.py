@@ -102,6 +102,7 @@ def _softmax_call(fn, logits, target, where, **kwargs):
     return value, grad
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("weighted", [False, True])
 @pytest.mark.parametrize("margin", MARGINS)
@@ -118,6 +119,7 @@ def test_softmax_cross_entropy_within_4_ulp_of_mpmath(margin, weighted, label_sm
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("gamma", GAMMAS)
 @pytest.mark.parametrize("margin", MARGINS)

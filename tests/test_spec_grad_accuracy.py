@@ -116,6 +116,7 @@ def _compare_softmax(oracle, loss, call, got, exact, kwargs, logits, target, wrt
     )
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("wrt", ["targets", "weight", "label_smoothing"])
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("margin", MARGINS)
@@ -145,6 +146,7 @@ def test_softmax_cross_entropy_input_grads_within_4_ulp_of_mpmath(margin, label_
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("wrt", ["targets", "gamma", "alpha", "label_smoothing"])
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("gamma", GAMMAS)
@@ -213,6 +215,7 @@ def test_sigmoid_cross_entropy_input_grads_within_4_ulp_of_mpmath(target, weight
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("wrt", ["targets", "gamma", "alpha"])
 @pytest.mark.parametrize("alpha", [None, 0.25])
 @pytest.mark.parametrize("gamma", GAMMAS)

@@ -97,6 +97,7 @@ def _margin_rows(name: str, dtype: str):
     return np.asarray(rows), np.asarray(targets)
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", losses.NAMES)
 @pytest.mark.parametrize("backend", B.BACKENDS)

@@ -109,6 +109,7 @@ def _materialise(options, loss, dtype, num_classes=5):
     return options
 
 
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("reduction", REDUCTIONS)
 @pytest.mark.parametrize("kind", ["index", "prob"])
@@ -370,6 +371,7 @@ def test_torch_func_grad_and_vmap():
     assert torch.allclose(grads[0], torch.func.grad(ti.sigmoid_focal_loss)(x[0], t[0]))
 
 
+@pytest.mark.on_demand("test_torch_idioms.py compiles both losses, fullgraph")
 @pytest.mark.slow
 def test_torch_compile_small_case():
     logits, targets = _softmax_case("index", torch.float32, shape=(4, 5))
