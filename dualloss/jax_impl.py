@@ -545,28 +545,9 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
 
 
 def _softmax_cross_entropy_terms_at(z, y, a_y, keep):
-    """`_softmax_focal_terms_at` for gamma = 0, the hot path: two passes, as optax.
-
-    Neither the argmax nor log(1 - p) is needed (``_shifted_sums``: the normaliser is 1 + s):
-      log p_y = (z_y - z_top) - log1p(s),  1 - p_y = (s - (e_y - 1)) / (1 + s) where z_y = z_top,
-    so a confident row keeps its tiny loss and target gradient (log(1 + s) would round both to 0
-    once s < u).
-    """
-    shifted, e, s, log1p_s, inverse = _shifted_sums(z)
-    is_y = jnp.arange(z.shape[-1]) == y[..., None]
-    shifted_y = _at(shifted, y)
-    log_p_y = shifted_y - log1p_s[..., 0]
-    p = e * inverse
-    # p_y - 1, free of cancellation where p_y is close to 1 (only at the top)
-    not_p_y_top = (s[..., 0] - (_at(e, y) - 1.0)) * inverse[..., 0]
-    p_y_minus_1 = jnp.where(shifted_y == 0.0, -not_p_y_top, _at(p, y) - 1.0)
-    # 0 log 0 = 0: no target mass (zero weight) contributes nothing; d/da_y = -log p_y also at
-    # a_y = 0 (0 where p_y = 0)
-    no_p = log_p_y == -jnp.inf
-    loss = -(a_y * jnp.where(no_p, 0.0, log_p_y) + jnp.where(no_p & (a_y != 0.0), -jnp.inf, 0.0))
-    grad = jnp.where(is_y, p_y_minus_1[..., None], p)
-    grad = jnp.where(keep[..., None], a_y[..., None] * grad, 0.0)
-    return loss, grad
+    """`_softmax_focal_terms_at` at gamma = 0, the hot path: two passes, as optax (the focal
+    factor, phi and log(1 - p) are never formed for gamma = 0)."""
+    return _softmax_focal_terms_at(z, y, a_y, keep, 0.0)
 
 
 _softmax_focal_loss = _with_closed_form_grad(_softmax_focal_terms, 1, class_sum=True)

@@ -698,9 +698,13 @@ class _SoftmaxAtTarget(torch.autograd.Function):
         is_top = y == top
         # s = q / p_top: the rounding of the softmax's own row sum cancels out of the ratio
         log_p_y = (z.gather(-1, y) - z.gather(-1, top)) - torch.log1p(q / p_top)
-        p_y = torch.exp(log_p_y)
-        k = 1.0 / (p_top + q)
-        _, _, focal_weight = _target_rows(p_y, log_p_y, q * k, p_top * k, is_top, a_y, gamma)
+        if gamma == 0.0:
+            focal_weight = None
+        else:
+            k = 1.0 / (p_top + q)
+            _, _, focal_weight = _target_rows(
+                torch.exp(log_p_y), log_p_y, q * k, p_top * k, is_top, a_y, gamma
+            )
         weighted = a_y if focal_weight is None else a_y * focal_weight
         # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
         loss = -(weighted * torch.where((a_y == 0.0) & (log_p_y == -math.inf), 0.0, log_p_y))
@@ -729,9 +733,10 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             # of its terms is p_top + q (cascade summation), so k = 1 / (p_top + q) renormalises
             # p to within a few ULP (k is 1 in exact arithmetic: under create_graph it adds
             # nothing, as dq = -dp_top)
-            k = 1.0 / (p.gather(-1, top) + q)
+            p_top = p.gather(-1, top)
+            k = 1.0 / (p_top + q)
             p_y = p.gather(-1, y) * k
-            p_top = p.gather(-1, top) * k
+            p_top = p_top * k
             q = q * k
             # log p_y enters only phi (as p_y log p_y): p_y from the softmax is enough here
             has_p = p_y > 0.0

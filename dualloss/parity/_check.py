@@ -557,15 +557,7 @@ def check(
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
     impl = _implementation(candidate, reference, backend, options, binary_targets)
     takes = _named_options(candidate, info, options)
-    label = D.canonical("cpu" if device is None else device, "device")
-    if label == D.ALL:
-        raise ValueError(f"`device` must name one device. Received: device={device!r}.")
-    D.start([backend])
-    try:
-        D.resolve([backend], [label])
-    except D.DeviceError as error:
-        raise D.DeviceError(str(error).replace("`devices` has", "`device` is", 1)) from None
-    dev = D.device_object(backend, label)
+    label, dev = D.one_device(backend, device)
     mode = "jit" if (jit and backend == "jax") else "eager"
     report = CheckReport(impl.name, reference, backend, options, standard, dtypes, device=label)
     report.precision = D.pin_precision([backend])

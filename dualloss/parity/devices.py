@@ -250,6 +250,20 @@ def device_object(backend: str, name: str) -> Any:
     return found[index(name)]
 
 
+def one_device(backend: str, device: object) -> tuple[str, Any]:
+    """The canonical name and the backend's device object for `device` (None: the CPU), as
+    ``check`` takes it: one device, seen by `backend` (errors name the argument `device`)."""
+    label = canonical("cpu" if device is None else device, "device")
+    if label == ALL:
+        raise ValueError(f"`device` must name one device. Received: device={device!r}.")
+    start([backend])
+    try:
+        resolve([backend], [label])
+    except DeviceError as error:
+        raise DeviceError(str(error).replace("`devices` has", "`device` is", 1)) from None
+    return label, device_object(backend, label)
+
+
 def test_devices(backends=BACKENDS) -> list[str]:
     """`cpu` and every GPU any installed backend sees: the parameters of device-parametrized
     tests (a test of one backend skips a GPU that backend lacks; ``doctor`` flags that)."""

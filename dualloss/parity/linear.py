@@ -739,15 +739,7 @@ def check(
     with_bias = bool(options.get("bias"))
     spec_options = {k: v for k, v in options.items() if k != "bias"}
     name, imports, call = _name_of(candidate)
-    label = D.canonical("cpu" if device is None else device, "device")
-    if label == D.ALL:
-        raise ValueError(f"`device` must name one device. Received: device={device!r}.")
-    D.start([backend])
-    try:
-        D.resolve([backend], [label])
-    except D.DeviceError as error:
-        raise D.DeviceError(str(error).replace("`devices` has", "`device` is", 1)) from None
-    dev = D.device_object(backend, label)
+    label, dev = D.one_device(backend, device)
     mode = "jit" if (jit and backend == "jax") else "eager"
     report = LinearCheckReport(name, reference, backend, options, standard, dtypes, device=label)
     report.precision = D.pin_precision([backend])
