@@ -1315,6 +1315,25 @@ def _sigmoid(x):
     return torch.sigmoid(x)
 
 
+def _scaled_sigmoid(c, x, sign):
+    """c sigma(sign x) (sign = +-1) in one kernel, no negated copy of x: torch's softplus
+    derivative exp(sign x) / (1 + exp(sign x)) times c (broadcast), c itself above the threshold
+    where sigma rounds to 1. Relative error a few ULPs, as ``_sigmoid``; a fresh tensor."""
+    threshold = 37.0 if x.dtype == torch.float64 else 20.0
+    return torch.ops.aten.softplus_backward(c, x, float(sign), threshold)
+
+
+def _sigmoids(x, inplace):
+    """(sigma(x), sigma(-x)), fresh tensors, each to a few ULPs relative (no 1 - sigma).
+
+    Two kernels with `inplace` (``_scaled_sigmoid``); otherwise torch.sigmoid of x and of -x, whose
+    derivative formulas give second-order gradients to full accuracy (create_graph=True)."""
+    if not inplace:
+        return _sigmoid(x), _sigmoid(-x)
+    one = torch.ones((), dtype=x.dtype, device=x.device)
+    return _scaled_sigmoid(one, x, 1), _scaled_sigmoid(one, x, -1)
+
+
 def _sigmoid_terms(x, t, w, q, grad_loss):
     """Per-element sigmoid cross entropy, or its gradient times `grad_loss` (`w`, `q` None: 1).
 
@@ -1323,17 +1342,23 @@ def _sigmoid_terms(x, t, w, q, grad_loss):
     dl/dx = (1 - t) sigma(x) - q t sigma(-x), the same as (q t + 1 - t) sigma(x) - q t.
     Fast path (q = 1): l = softplus(x) - t x and dl/dx = sigma(x) - t, each formed without
     the cancellation of a confident element (x >> 0, t = 1: softplus(x) and t x agree to far
-    below the loss; sigma(x) rounds to 1): with e = softplus(-|x|) and s = (x >= 0),
-      l = e + x (s - t),  dl/dx = (s - t) + sigma(-|x|) (1 - 2 s),
-    sums of two terms of one sign for hard targets (``_sigmoid_minus_target``). The weight `w`
-    multiplies the loss, or the gradient before `grad_loss` does.
+    below the loss; sigma(x) rounds to 1):
+      l = softplus(-|x|) + (relu(x) - t x),  dl/dx = lerp(sigma(x), -sigma(-x), t),
+    the loss a sum of two terms >= 0 (five kernels), the gradient (1 - t) sigma(x) - t sigma(-x)
+    by torch.lerp, which forms it from the nearer end (exact -sigma(-x) at t = 1, sigma(x) at
+    t = 0; three kernels, `grad_loss` folded into the two sigmoids). A NaN logit gives NaN in
+    both; a +inf logit gives a NaN loss (t x is 0 * inf or inf - inf) and a finite gradient,
+    which ``_SigmoidLoss`` makes NaN. `grad_loss` may be a scalar tensor (broadcast here). The
+    weight `w` multiplies the loss, or the gradient before `grad_loss` does.
     """
     inplace = _inplace(x, t, w, q, grad_loss)
     if grad_loss is None:
         if q is None:
-            # softplus(x) - t x = softplus(-|x|) + x ((x >= 0) - t), a fresh tensor
-            step = (x >= 0.0).to(x.dtype).sub_(t)
-            loss = _softplus(x.abs().neg_()).addcmul_(x, step)
+            # softplus(x) - t x = softplus(-|x|) + (relu(x) - t x); torch's softplus with
+            # beta = -1 is -softplus(-|x|) at |x|
+            loss = _addcmul(x.clamp_min(0.0), t, x, -1.0, inplace)
+            minus_e = torch.nn.functional.softplus(x.abs(), beta=-1.0, threshold=20.0)
+            loss = loss.sub_(minus_e) if inplace else loss - minus_e
         else:
             # -log(1 - sigma(x)) = softplus(x), -log(sigma(x)) = softplus(-x)
             not_log_not_p = _softplus(x)
@@ -1343,26 +1368,18 @@ def _sigmoid_terms(x, t, w, q, grad_loss):
         if w is None:
             return loss
         return loss.mul_(w) if inplace else loss * w
+    coefficient = grad_loss if w is None else grad_loss * w
     if q is None:
-        grad = _sigmoid_minus_target(x, t)
-    else:
-        p = _sigmoid(x)
-        not_p = _sigmoid(-x)
-        grad = _addcmul(p, t, p, -1.0, inplace)
-        grad = _addcmul(grad, q * t, not_p, -1.0, inplace)
-    if w is not None:
-        grad = grad.mul_(w) if inplace else grad * w
-    return grad.mul_(grad_loss) if inplace else grad * grad_loss
-
-
-def _sigmoid_minus_target(x, t):
-    """sigma(x) - t as (s - t) + sigma(-|x|) (1 - 2 s), s = (x >= 0): for x >= 0 it is
-    (1 - t) - sigma(-x), exact in its first term for a hard target, so a confident element
-    (x >> 0, t = 1) keeps its gradient -sigma(-x) where sigma(x) rounds to 1. A fresh tensor."""
-    is_positive = x >= 0.0
-    step = is_positive.to(x.dtype).sub_(t)
-    small = _sigmoid(x.abs().neg_())
-    return step.add_(torch.where(is_positive, small.neg(), small))
+        # (1 - t) sigma(x) - t sigma(-x)
+        if inplace:
+            p = _scaled_sigmoid(coefficient, x, 1)
+            return p.lerp_(_scaled_sigmoid(torch.neg(coefficient), x, -1), t)
+        p, not_p = _sigmoids(x, inplace)
+        return torch.lerp(p, -not_p, t) * coefficient
+    p, not_p = _sigmoids(x, inplace)
+    grad = _addcmul(p, t, p, -1.0, inplace)
+    grad = _addcmul(grad, q * t, not_p, -1.0, inplace)
+    return grad.mul_(coefficient) if inplace else grad * coefficient
 
 
 def _addcmul(a, b, c, value, inplace):
@@ -1373,21 +1390,87 @@ def _addcmul(a, b, c, value, inplace):
 def _sigmoid_cross_entropy_or_grad(logits, targets, weight, pos_weight, grad_loss):
     """The per-element loss (`grad_loss` None) or the logits' gradient (times `grad_loss`)."""
     x = logits.to(_compute_dtype(logits.dtype))
-    # NaN or +inf in the logits: NaN in that element (DESIGN 5), never a plausible inf or 0
-    x = torch.nan_to_num(x, nan=math.nan, posinf=math.nan, neginf=-math.inf)
+    if pos_weight is not None:
+        # NaN or +inf in the logits: NaN in that element (DESIGN 5), never a plausible inf or 0;
+        # without pos_weight the terms give it (``_sigmoid_terms``, ``_SigmoidLoss``)
+        x = torch.nan_to_num(x, nan=math.nan, posinf=math.nan, neginf=-math.inf)
     t = targets.to(x.dtype)
     w = None if weight is None else weight.to(x.dtype)
     q = None if pos_weight is None else pos_weight.to(x.dtype)
+    grad_loss = None if grad_loss is None else grad_loss.to(x.dtype)
     result = _sigmoid_terms(x, t, w, q, grad_loss)
     return result if grad_loss is None else result.to(logits.dtype)
 
 
-# saves logits, targets, weight, pos_weight
-_sigmoid_cross_entropy_value = _with_closed_form_grad(_sigmoid_cross_entropy_or_grad, 4)
+def _posinf_to_nan(logits, grad):
+    """`grad` with NaN where `logits` is +inf (DESIGN 5: the loss is NaN there, so is its
+    gradient), in place on `grad` (a fresh tensor) when that is safe."""
+    is_posinf = logits == math.inf
+    if _inplace(logits, grad):
+        return grad.masked_fill_(is_posinf, math.nan)
+    return torch.where(is_posinf, math.nan, grad)
 
 
-def _sigmoid_reduce(loss, reduction):
-    return _reduce(loss, reduction, loss.numel())
+class _SigmoidLoss(torch.autograd.Function):
+    """The element-wise losses: loss_or_grad(*inputs, None), summed when `reduce`, with backward
+    loss_or_grad(*inputs, grad_loss); otherwise as ``_ClosedFormGrad`` (the first `num_saved`
+    inputs saved, the rest options, the other inputs' gradients by ``_other_input_grads``).
+
+    The sum is taken here, so backward gets one number, which the terms broadcast (never an
+    expanded N x C tensor). A +inf logit has a NaN loss but a finite closed-form gradient: a
+    finite sum (read on the host where that costs no synchronisation, ``_reads_on_host``, and
+    values are concrete) proves there is none, else backward makes the gradient NaN there.
+    Saved: the inputs (the logits and the targets: the second-order gradients and the targets'
+    gradient need both, recomputed in backward).
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(loss_or_grad, num_saved, reduce, *inputs):
+        loss = loss_or_grad(*inputs, None)
+        return loss.sum() if reduce else loss
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        loss_or_grad, num_saved, reduce, *inputs = inputs
+        ctx.save_for_backward(*inputs[:num_saved])
+        ctx.loss_or_grad = loss_or_grad
+        ctx.options = inputs[num_saved:]
+        ctx.reduce = reduce
+        ctx.finite = False
+        if _values_are_concrete(output) and _reads_on_host(output):
+            total = output if reduce else output.detach().sum()
+            ctx.finite = bool(torch.isfinite(total))
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        saved = ctx.saved_tensors
+        logits = saved[0]
+        needs_grad = ctx.needs_input_grad[3:]
+        grads = [None] * (len(saved) + len(ctx.options))
+        if needs_grad[0]:
+            grads[0] = ctx.loss_or_grad(*saved, *ctx.options, grad_loss)
+        wrt = [i for i in range(1, len(saved)) if needs_grad[i]]
+        if wrt:
+            full = grad_loss.expand(logits.shape) if ctx.reduce else grad_loss
+            other_grads = _other_input_grads(ctx.loss_or_grad, saved, ctx.options, wrt, full)
+            for i, grad in zip(wrt, other_grads, strict=True):
+                grads[i] = grad
+        if not ctx.finite:
+            # the targets' gradient is -x there, so it is made NaN too
+            for i in (0, 1):
+                if grads[i] is not None:
+                    grads[i] = _posinf_to_nan(logits, grads[i])
+        return None, None, None, *grads
+
+
+def _sigmoid_reduce(loss, reduction, count):
+    """`loss` from ``_SigmoidLoss``: per element ('none') or summed; 'mean' divides by `count`
+    (0 with zero gradient for no elements)."""
+    if reduction != "mean":
+        return loss
+    return loss * 0.0 if count == 0 else loss / count
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1398,11 +1481,14 @@ def _sigmoid_reduce(loss, reduction):
 def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
     reduction = _checks.reduction(reduction)
     logits, targets, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
-    loss = _sigmoid_cross_entropy_value(logits, targets, w, q)
-    if loss.shape != logits.shape:
+    # saves logits, targets, weight, pos_weight
+    loss = _SigmoidLoss.apply(
+        _sigmoid_cross_entropy_or_grad, 4, reduction != "none", logits, targets, w, q
+    )
+    if loss.shape != logits.shape and reduction == "none":
         # a weight broadcast over more than the logits' elements cannot occur (checked above)
         loss = loss.expand(logits.shape)
-    return _sigmoid_reduce(loss, reduction).to(logits.dtype)
+    return _sigmoid_reduce(loss, reduction, logits.numel()).to(logits.dtype)
 
 
 def sigmoid_cross_entropy(
@@ -1431,58 +1517,92 @@ def _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss):
     lerp(p, 1 - p, t), a sum of two terms >= 0 with p and 1 - p = sigma(-x) each accurate (lerp
     switches to end - (end - start)(1 - t) for t >= 1/2, so no cancellation either way); the
     power is pow(1 - p_t, gamma), 0 where 1 - p_t underflows (there ce <= c (1 - p_t)(1 + |x|),
-    so the dropped term is below the dtype's roundoff of the loss); r uses 1 - p_t clamped at the
-    smallest normal, 0 where p (1 - p) underflows with it; p - t is ``_sigmoid_minus_target``
-    (no cancellation where p rounds to t).
+    so the dropped term is below the dtype's roundoff of the loss); p - t is
+    (1 - p_t) - 2 t (1 - p), exact for a hard target (p at t = 0, -(1 - p) at t = 1), so no
+    cancellation where p rounds to t. For gamma >= 1 the gradient is
+      alpha_t (1 - p_t)^(gamma - 1) [(1 - p_t)(p - t) + gamma ce (1 - 2t) p (1 - p)]
+    (no division; (1 - p_t)^(gamma - 1) <= 1, so a bracket that underflows leaves a gradient
+    below the smallest normal); for gamma < 1 the power is unbounded there and r is formed
+    instead, with 1 - p_t clamped at the smallest normal (0 where p (1 - p) underflows with it).
+    `grad_loss` may be a scalar tensor (broadcast here).
     """
     inplace = _inplace(x, t, grad_loss)
     if grad_loss is None or gamma != 0.0:
         ce = _sigmoid_terms(x, t, None, None, None)
     if gamma != 0.0:
-        p = _sigmoid(x)
-        not_p = _sigmoid(-x)
-        # 1 - p_t = p (1 - t) + (1 - p) t
-        not_pt = torch.lerp(p, not_p, t).clamp_min_(torch.finfo(x.dtype).tiny)
-    if alpha is None:
-        alpha_t = None
-    else:
-        # alpha_t = alpha t + (1 - alpha)(1 - t)
-        alpha_t = torch.mul(t, 2.0 * alpha - 1.0).add_(1.0 - alpha)
+        p, not_p = _sigmoids(x, inplace)
+        # 1 - p_t = p (1 - t) + (1 - p) t (in place on p when the loss alone is asked for)
+        if inplace and grad_loss is None:
+            not_pt = p.lerp_(not_p, t)
+        else:
+            not_pt = torch.lerp(p, not_p, t)
     if grad_loss is None:
         loss = ce
         if gamma != 0.0:
+            if gamma < 1.0:
+                # the power's derivative is unbounded at 0: the targets' gradient (autograd
+                # through this formula) would be 0 * inf there
+                tiny = torch.finfo(x.dtype).tiny
+                not_pt = not_pt.clamp_min_(tiny) if inplace else not_pt.clamp_min(tiny)
             # (1 - p_t)^gamma
             focal_weight = not_pt.pow_(gamma) if inplace else not_pt.pow(gamma)
             loss = loss.mul_(focal_weight) if inplace else loss * focal_weight
-        if alpha_t is not None:
+        if alpha is not None:
+            # alpha_t = alpha t + (1 - alpha)(1 - t)
+            one_minus_alpha = torch.full((), 1.0 - alpha, dtype=x.dtype, device=x.device)
+            alpha_t = torch.add(one_minus_alpha, t, alpha=2.0 * alpha - 1.0)
             loss = loss.mul_(alpha_t) if inplace else loss * alpha_t
         return loss
-    coefficient = grad_loss if alpha_t is None else alpha_t * grad_loss
+    if alpha is None:
+        coefficient = grad_loss
+    else:
+        # alpha_t grad_loss = (1 - alpha) grad_loss + (2 alpha - 1) t grad_loss
+        coefficient = torch.addcmul(
+            grad_loss * (1.0 - alpha), t, grad_loss, value=2.0 * alpha - 1.0
+        )
     if gamma == 0.0:
         # (1 - p_t)^0 = 1: the cross entropy's gradient p - t
         return _sigmoid_terms(x, t, None, None, coefficient)
-    # r = p (1 - p) / (1 - p_t) <= 1
-    r = not_p.mul_(p).div_(not_pt) if inplace else not_p * p / not_pt
-    focal_weight = not_pt.pow_(gamma) if inplace else not_pt.pow(gamma)
-    # (p - t) + gamma ce (1 - 2t) r
-    term = r.mul_(ce).mul_(torch.rsub(t, 1.0, alpha=2.0)) if inplace else r * ce * (1 - 2 * t)
-    grad = _sigmoid_minus_target(x, t).add_(term, alpha=gamma)
-    grad = grad.mul_(focal_weight) if inplace else grad * focal_weight
+    # p - t = (1 - p_t) - 2 t (1 - p)
+    p_minus_t = _addcmul(not_pt, t, not_p, -2.0, False)
+    # 1 - 2t, the derivative of 1 - p_t by p
+    sign = torch.rsub(t, 1.0, alpha=2.0)
+    if gamma >= 1.0:
+        # (1 - p_t)(p - t) + gamma ce (1 - 2t) p (1 - p)
+        rate = p.mul_(not_p).mul_(ce) if inplace else p * not_p * ce
+        grad = p_minus_t.mul_(not_pt) if inplace else p_minus_t * not_pt
+        grad = _addcmul(grad, rate, sign, gamma, inplace)
+        if gamma != 1.0:
+            # (1 - p_t)^(gamma - 1)
+            if gamma == 2.0:
+                power = not_pt
+            else:
+                power = not_pt.pow_(gamma - 1.0) if inplace else not_pt.pow(gamma - 1.0)
+            grad = grad.mul_(power) if inplace else grad * power
+    else:
+        # r = p (1 - p) / (1 - p_t) <= 1
+        tiny = torch.finfo(x.dtype).tiny
+        not_pt = not_pt.clamp_min_(tiny) if inplace else not_pt.clamp_min(tiny)
+        r = p.mul_(not_p).div_(not_pt) if inplace else p * not_p / not_pt
+        focal_weight = not_pt.pow_(gamma) if inplace else not_pt.pow(gamma)
+        # (p - t) + gamma ce (1 - 2t) r
+        term = r.mul_(ce) if inplace else r * ce
+        grad = _addcmul(p_minus_t, term, sign, gamma, inplace)
+        grad = grad.mul_(focal_weight) if inplace else grad * focal_weight
     return grad.mul_(coefficient) if inplace else grad * coefficient
 
 
 def _sigmoid_focal_loss_or_grad(logits, targets, gamma, alpha, grad_loss):
-    """The per-element loss (`grad_loss` None) or the logits' gradient (times `grad_loss`)."""
+    """The per-element loss (`grad_loss` None) or the logits' gradient (times `grad_loss`).
+
+    NaN or +inf in the logits gives NaN in that element's loss (DESIGN 5), by the cross entropy's
+    terms (``_sigmoid_terms``); ``_SigmoidLoss`` makes the gradient NaN there.
+    """
     x = logits.to(_compute_dtype(logits.dtype))
-    # NaN or +inf in the logits: NaN in that element (DESIGN 5), never a plausible inf or 0
-    x = torch.nan_to_num(x, nan=math.nan, posinf=math.nan, neginf=-math.inf)
     t = targets.to(x.dtype)
+    grad_loss = None if grad_loss is None else grad_loss.to(x.dtype)
     result = _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss)
     return result if grad_loss is None else result.to(logits.dtype)
-
-
-# saves logits, targets; gamma, alpha are options
-_sigmoid_focal_value = _with_closed_form_grad(_sigmoid_focal_loss_or_grad, 2)
 
 
 def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
@@ -1491,8 +1611,11 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     _checks.focal_alpha(alpha, None)
     alpha = None if alpha is None else float(alpha)
     logits, targets, _, _ = _sigmoid_inputs(logits, targets, None, None)
-    loss = _sigmoid_focal_value(logits, targets, gamma, alpha)
-    return _sigmoid_reduce(loss, reduction).to(logits.dtype)
+    # saves logits, targets; gamma, alpha are options
+    loss = _SigmoidLoss.apply(
+        _sigmoid_focal_loss_or_grad, 2, reduction != "none", logits, targets, gamma, alpha
+    )
+    return _sigmoid_reduce(loss, reduction, logits.numel()).to(logits.dtype)
 
 
 def sigmoid_focal_loss(

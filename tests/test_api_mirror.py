@@ -96,8 +96,10 @@ BACKEND_EXTRAS = {
         "_SoftmaxAtTarget", "_target_rows", "_softmax_at_target", "_at_target",
         # fused element-wise kernels and the loss-or-gradient bodies of the sigmoid losses
         "_addcmul", "_sigmoid_cross_entropy_or_grad", "_sigmoid_focal_loss_or_grad",
-        # sigma(x) - t in one form free of cancellation (the spec's is two sigmoids)
-        "_sigmoid_minus_target",
+        # sigma(+-x) in one kernel each, no negated copy (the fast path's two sigmoids)
+        "_scaled_sigmoid", "_sigmoids",
+        # the sigmoid losses' Function: the sum in forward, NaN gradients at +inf logits
+        "_SigmoidLoss", "_posinf_to_nan",
         # the deprecated size_average/reduce arguments of the torch drop-ins
         "_legacy_reduction",
         # value checks without a host sync on accelerators (docs/devices.md)
