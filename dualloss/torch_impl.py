@@ -13,7 +13,8 @@ function by function with the same local names. What differs:
   (``_ClosedFormGrad``, wrapped by ``_with_closed_form_grad`` like jax_impl's custom_jvp) whose
   forward is ``loss_or_grad(*inputs, None)`` and whose backward is the spec's closed-form gradient
   ``loss_or_grad(*inputs, grad_loss)`` (``setup_context`` style, ``generate_vmap_rule = True``:
-  ``torch.func.grad``/``vmap`` work). The backward recomputes the probabilities from the saved
+  ``torch.func.grad``/``vmap`` work; the sigmoid losses use ``_SigmoidLoss``, the same adapter
+  that also takes the sum in forward). The backward recomputes the probabilities from the saved
   inputs (the logits, the targets, the user's ``where``/weights) plus nothing else, so the loss
   keeps no tensor alive beyond its own inputs. The backward is written in differentiable torch ops
   (with the "double where" around every branch), so ``create_graph=True`` gives second-order
