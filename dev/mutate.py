@@ -97,8 +97,8 @@ MUTATIONS = (
     ),
     Mutation(
         "torch_impl", "sigmoid_cross_entropy", "pos_weight applied to the negative term",
-        "        grad = _addcmul(grad, q * t, not_p, -1.0, inplace)\n",
-        "        grad = _addcmul(grad, q * (1.0 - t), not_p, -1.0, inplace)\n",
+        "    grad = _addcmul(grad, q * t, not_p, -1.0, inplace)\n",
+        "    grad = _addcmul(grad, q * (1.0 - t), not_p, -1.0, inplace)\n",
     ),
     Mutation(
         "jax_impl", "softmax_cross_entropy", "log1p(s) computed as log(1 + s) (the fast path)",
@@ -107,18 +107,31 @@ MUTATIONS = (
     ),
     Mutation(
         "torch_impl", "sigmoid_cross_entropy", "softplus(x) - t x formed with its cancellation",
-        "            loss = _softplus(x.abs().neg_()).addcmul_(x, step)\n",
-        "            loss = _softplus(x).addcmul_(t, x, value=-1.0)\n",
+        "            loss = _addcmul(x.clamp_min(0.0), t, x, -1.0, inplace)\n"
+        "            minus_e = torch.nn.functional.softplus(x.abs(), beta=-1.0, threshold=20.0)\n",
+        "            loss = _addcmul(_softplus(x), t, x, -1.0, inplace)\n"
+        "            minus_e = torch.zeros_like(x)\n",
     ),
     Mutation(
         "torch_impl", "sigmoid_focal_loss", "sigma(x) - t formed with its cancellation",
-        "    return step.add_(torch.where(is_positive, small.neg(), small))\n",
-        "    return torch.sigmoid(x) - t\n",
+        "    p_minus_t = _addcmul(not_pt, t, not_p, -2.0, False)\n",
+        "    p_minus_t = p - t\n",
     ),
     Mutation(
         "torch_impl", "softmax_cross_entropy", "1 - p_y at the top formed as 1 - p_y (fast path)",
         "    not_p_y = torch.where(is_top, q, 1.0 - p_y)\n",
         "    not_p_y = 1.0 - p_y\n",
+    ),
+    Mutation(
+        "torch_impl", "sigmoid_cross_entropy", "sigma(x) - t with its cancellation (CE fast path)",
+        "            return p.lerp_(_scaled_sigmoid(torch.neg(coefficient), x, -1), t)\n",
+        "            return p.sub_(t * coefficient)\n",
+    ),
+    Mutation(
+        "torch_impl", "sigmoid_focal_loss", "+inf logits keep a finite gradient",
+        "                    grads[i] = _posinf_to_nan(logits, grads[i])\n",
+        "                    pass\n",
+        own_tests="sigmoid_special_logits",
     ),
 )  # fmt: skip
 
