@@ -439,6 +439,10 @@ def _compile_cases():
             z, binary, pos_weight=torch.full((5,), 2.0)
         ),
         "sigmoid_focal_loss": lambda z: ti.sigmoid_focal_loss(z, binary, gamma=2.0, alpha=0.25),
+        # the cross entropy's own terms (no pos_weight), per element: the +inf mask runs there
+        "sigmoid_cross_entropy/none": lambda z: ti.sigmoid_cross_entropy(
+            z, binary, weight=torch.linspace(0.5, 1.5, 5), reduction="none"
+        ).sum(),
         "CrossEntropyLoss": lambda z: ti.CrossEntropyLoss(label_smoothing=0.1)(z, index),
         "FocalLoss": lambda z: ti.FocalLoss(gamma=2.0, alpha=0.5)(z, index),
     }
@@ -446,6 +450,7 @@ def _compile_cases():
 
 COMPILE_CASES = [
     *[(name, "aot_eager") for name in SOFTMAX + SIGMOID + ["CrossEntropyLoss", "FocalLoss"]],
+    ("sigmoid_cross_entropy/none", "aot_eager"),
     ("softmax_focal_loss", "inductor"),
     ("sigmoid_focal_loss", "inductor"),
 ]
