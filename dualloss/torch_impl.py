@@ -1419,7 +1419,7 @@ class _SigmoidLoss(torch.autograd.Function):
 
     The sum is taken here, so backward gets one number, which the terms broadcast (never an
     expanded N x C tensor). A +inf logit has a NaN loss but a finite closed-form gradient: a
-    finite sum (read on the host where that costs no synchronisation, ``_reads_on_host``, and
+    finite sum (read on the host where that costs no synchronisation, the CPU, and only where
     values are concrete) proves there is none, else backward makes the gradient NaN there.
     Saved: the inputs (the logits and the targets: the second-order gradients and the targets'
     gradient need both, recomputed in backward).
@@ -1440,7 +1440,9 @@ class _SigmoidLoss(torch.autograd.Function):
         ctx.options = inputs[num_saved:]
         ctx.reduce = reduce
         ctx.finite = False
-        if _values_are_concrete(output) and _reads_on_host(output):
+        # on the CPU only (``_reads_on_host``, but not in 'sync' mode: this is no validation)
+        on_cpu = output.device.type == "cpu" and _reads_on_host(output)
+        if on_cpu and _values_are_concrete(output):
             total = output if reduce else output.detach().sum()
             ctx.finite = bool(torch.isfinite(total))
 
