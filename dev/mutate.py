@@ -66,8 +66,8 @@ MUTATIONS = (
     ),
     Mutation(
         "torch_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
-        "        log_p_y = (z.gather(-1, y) - z.gather(-1, top)) - torch.log1p(q / p_top)\n",
-        "        log_p_y = (z.gather(-1, y) - z.gather(-1, top)) - torch.log(1.0 + q / p_top)\n",
+        "        log1p_s = torch.log1p(r / torch.where(is_top, p_y, 1.0))\n",
+        "        log1p_s = torch.log(1.0 + r / torch.where(is_top, p_y, 1.0))\n",
     ),
     Mutation(
         "jax_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
@@ -119,6 +119,18 @@ MUTATIONS = (
         "torch_impl", "softmax_cross_entropy", "1 - p_y at the top formed as 1 - p_y (fast path)",
         "    not_p_y = torch.where(is_top, q, 1.0 - p_y)\n",
         "    not_p_y = 1.0 - p_y\n",
+    ),
+    Mutation(
+        "torch_impl", "softmax_cross_entropy", "1 - p_y as the row sum less p_y (fast path)",
+        "            r = p.scatter_(-1, y, 0.0).sum(dim=-1, keepdim=True)\n"
+        "            p.scatter_(-1, y, p_y)\n",
+        "            r = p.sum(dim=-1, keepdim=True) - p_y\n",
+    ),
+    Mutation(
+        "torch_impl", "softmax_focal_loss", "an underflowed p_y's log from p_y alone (fast path)",
+        "            log_p_y = torch.where(small, from_logits, torch.log(p_y * k))\n",
+        "            log_p_y = torch.log(p_y * k)\n",
+        own_tests="fast_path_branches",
     ),
 )  # fmt: skip
 

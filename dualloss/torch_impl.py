@@ -20,11 +20,12 @@ function by function with the same local names. What differs:
   gradients.
 * Fast path: class-index targets without label smoothing never build an N x C target tensor;
   only the target's column is gathered (the spec's ``_softmax_focal_terms`` with a one-hot
-  ``a``). For float32/float64 logits this is ``_SoftmaxAtTarget``: torch's fused softmax, the
-  row maximum of p and the others' share q = 1 - p_top in forward, and one multiplication per
-  entry in backward (p v_y off the target, -(1 - p_y) v_y at it, from one value per row). It
-  keeps p for backward (the size of the logits) instead of the logits, and p and q are outputs of
-  that Function, so ``create_graph=True`` differentiates the backward through them. Half inputs
+  ``a``). For float32/float64 logits this is ``_SoftmaxAtTarget``: torch's fused softmax and
+  the others' share r = 1 - p_y (the row sum of p with the target's entry left out) in forward,
+  and one multiplication per entry in backward (p v_y off the target, -(1 - p_y) v_y at it, from
+  one value per row). It keeps p for backward (the size of the logits) instead of the logits,
+  and p and r are outputs of that Function, so ``create_graph=True`` differentiates the backward
+  through them. Half inputs
   (whose own logits are the smaller thing to keep) and class weights that require grad take the
   general path (``_softmax_focal_terms_sparse``).
 * ``log(1 - p_top)`` uses ``log s`` directly (s = sum_{j != top} exp(z_j - z_top)) instead of the
@@ -659,20 +660,27 @@ class _SoftmaxAtTarget(torch.autograd.Function):
     """Softmax CE / focal loss with class-index targets, no label smoothing: the fast path.
 
     forward(z, y, a_y, keep, gamma) with z the class-last logits (float32 or float64), y and a_y
-    of shape [..., 1], keep [...] or None, returns (loss [...], p [..., C], q [..., 1]). Three
-    passes over N x C in forward (torch's fused softmax, the row maximum of p, the sum of the
-    others' share q = 1 - p_top) and one in backward (p times one number per row, then the
-    target's entry): the backward recomputes nothing. The saved tensor is p (the size of the
-    logits; the logits themselves are not kept).
+    of shape [..., 1], keep [...] or None, returns (loss [...], p [..., C], r [..., 1]). Two
+    passes over N x C in forward (torch's fused softmax, then the row sum of p with the target's
+    entry left out) and one in backward (p times one number per row, then the target's entry):
+    the backward recomputes nothing. The saved tensor is p (the size of the logits; the logits
+    themselves are not kept).
 
-      log p_y = (z_y - z_top) - log1p(s),  s = q / p_top = sum_{j != top} exp(z_j - z_top)
+    r = sum_{j != y} p_j is 1 - p_y without cancellation. Where the target dominates its row
+    (p_y > r: it is the top class, and the only place where 1 - p_y can be tiny),
 
-    (the top's 1 never enters s, so a confident row keeps its tiny loss log1p(s) where softmax's
-    p_y rounds to 1; the ratio q / p_top also cancels the rounding of softmax's row sum).
+      log p_y = -log1p(s),  s = r / p_y = sum_{j != y} exp(z_j - z_y),
 
-    p and q are outputs of the function (saved as such), so under ``create_graph=True`` the
-    backward, written in differentiable ops of p and q, is differentiated through them: their
-    gradients come back here as grad_p (softmax's Jacobian) and grad_q (q = 1 - p_top).
+    so a confident row keeps its tiny loss log1p(s) where softmax's p_y rounds to 1, and
+    1 - p_y = r / (p_y + r). Elsewhere p_y <= 1/2: |log p_y| >= log 2, and log(p_y / (p_y + r))
+    is all it needs (the ratio cancels the rounding of softmax's own row sum; p_y + r is that sum
+    in cascade summation), except below the smallest normal number, where p_y has lost digits
+    (0 once it underflows): there log p_y = (z_y - z_top) + log(p_top / (p_y + r)) from the
+    logits, on those rows only on the CPU (p_top >= 1 / C never underflows).
+
+    p and r are outputs of the function (saved as such), so under ``create_graph=True`` the
+    backward, written in differentiable ops of them, is differentiated through them: their
+    gradients come back here as grad_p (softmax's Jacobian) and grad_r (r = 1 - p_y).
     """
 
     generate_vmap_rule = True
@@ -680,31 +688,50 @@ class _SoftmaxAtTarget(torch.autograd.Function):
     @staticmethod
     def forward(z, y, a_y, keep, gamma):
         p = torch.softmax(z, dim=-1)
-        p_top, top = torch.max(p, dim=-1, keepdim=True)
-        if _inplace(p, top):
-            q = p.scatter_(-1, top, 0.0).sum(dim=-1, keepdim=True)
-            p.scatter_(-1, top, p_top)
+        p_y = p.gather(-1, y)
+        on_host = _inplace(p, y) and _reads_on_host(p)
+        if _inplace(p, y):
+            # the target's entry out, summed, put back: one pass over p, no temporary
+            r = p.scatter_(-1, y, 0.0).sum(dim=-1, keepdim=True)
+            p.scatter_(-1, y, p_y)
         else:
-            q = p.scatter(-1, top, 0.0).sum(dim=-1, keepdim=True)
+            r = p.scatter(-1, y, 0.0).sum(dim=-1, keepdim=True)
         if keep is not None:
             # an ignored row with a NaN or inf logit has a NaN softmax; its gradient is 0 (p * 0
-            # would be NaN), so its p becomes one-hot at the top (a finite point of the simplex,
-            # q = 0): on the CPU only when there is such a row (no sync), elsewhere one masked pass
-            bad = (~keep).unsqueeze(-1) & torch.isnan(q + p_top)
-            if not (_inplace(p, bad) and _reads_on_host(p) and not bool(bad.any())):
-                p_top = torch.where(bad, 1.0, p_top)
-                q = torch.where(bad, 0.0, q)
-                p = torch.where(bad, 0.0, p).scatter_(-1, top, p_top)
-        is_top = y == top
-        # s = q / p_top: the rounding of the softmax's own row sum cancels out of the ratio
-        log_p_y = (z.gather(-1, y) - z.gather(-1, top)) - torch.log1p(q / p_top)
+            # would be NaN), so its p becomes 0 and r 1 (a finite p_y + r): on the CPU only when
+            # there is such a row (no sync), elsewhere one masked pass
+            bad = (~keep).unsqueeze(-1) & torch.isnan(r + p_y)
+            if not (on_host and not bool(bad.any())):
+                r = torch.where(bad, 1.0, r)
+                p_y = torch.where(bad, 0.0, p_y)
+                p = torch.where(bad, 0.0, p)
+        k = 1.0 / (p_y + r)
+        is_top = p_y > r
+        log1p_s = torch.log1p(r / torch.where(is_top, p_y, 1.0))
+        # below the smallest normal number p_y has lost digits: there log p_y comes from the
+        # logits, (z_y - z_top) + log(p_top k)
+        small = p_y < torch.finfo(p.dtype).tiny
+        if on_host:
+            log_p_y = torch.log(p_y * k)
+            rows = small.squeeze(-1)
+            if bool(rows.any()):
+                z_rows, p_rows = z[rows], p[rows]
+                log_p_y[rows] = (
+                    z_rows.gather(-1, y[rows]) - z_rows.amax(dim=-1, keepdim=True)
+                ) + torch.log(p_rows.amax(dim=-1, keepdim=True) * k[rows])
+        else:
+            from_logits = (z.gather(-1, y) - z.amax(dim=-1, keepdim=True)) + torch.log(
+                p.amax(dim=-1, keepdim=True) * k
+            )
+            log_p_y = torch.where(small, from_logits, torch.log(p_y * k))
+        log_p_y = torch.where(is_top, -log1p_s, log_p_y)
         if gamma == 0.0:
             focal_weight = None
         else:
-            k = 1.0 / (p_top + q)
             _, _, focal_weight = _target_rows(
-                torch.exp(log_p_y), log_p_y, q * k, p_top * k, is_top, a_y, gamma
-            )
+                torch.exp(log_p_y), log_p_y, r * k, torch.where(is_top, p_y * k, 1.0), is_top,
+                a_y, gamma,
+            )  # fmt: skip
         weighted = a_y if focal_weight is None else a_y * focal_weight
         # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
         loss = -(weighted * torch.where((a_y == 0.0) & (log_p_y == -math.inf), 0.0, log_p_y))
@@ -712,40 +739,39 @@ class _SoftmaxAtTarget(torch.autograd.Function):
         if keep is not None:
             # ignored elements give 0, whatever their logits
             loss = torch.where(keep, loss, 0.0)
-        return loss, p, q, top
+        return loss, p, r
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         _, y, a_y, _, gamma = inputs
-        _, p, q, top = output
-        ctx.save_for_backward(p, q, top, y, a_y)
+        _, p, r = output
+        ctx.save_for_backward(p, r, y, a_y)
         ctx.gamma = gamma
-        ctx.mark_non_differentiable(top)
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_p, grad_q, _grad_top):
-        p, q, top, y, a_y = ctx.saved_tensors
+    def backward(ctx, grad_loss, grad_p, grad_r):
+        p, r, y, a_y = ctx.saved_tensors
         grad = None
         if grad_loss is not None:
-            is_top = y == top
+            p_y = p.gather(-1, y)
+            is_top = p_y > r
             # softmax's row sum is rounded by its own kernel (tens of ULP at C ~ 30k); the sum
-            # of its terms is p_top + q (cascade summation), so k = 1 / (p_top + q) renormalises
+            # of its terms is p_y + r (cascade summation), so k = 1 / (p_y + r) renormalises
             # p to within a few ULP (k is 1 in exact arithmetic: under create_graph it adds
-            # nothing, as dq = -dp_top)
-            p_top = p.gather(-1, top)
-            k = 1.0 / (p_top + q)
-            p_y = p.gather(-1, y) * k
-            p_top = p_top * k
-            q = q * k
+            # nothing, as dr = -dp_y)
+            k = 1.0 / (p_y + r)
+            p_y = p_y * k
+            r = r * k
             # log p_y enters only phi (as p_y log p_y): p_y from the softmax is enough here
             has_p = p_y > 0.0
             log_p_y = torch.where(
                 is_top,
-                torch.log1p(-q),
+                torch.log1p(-r),
                 torch.where(has_p, torch.log(torch.where(has_p, p_y, 1.0)), -math.inf),
             )
-            v, not_p_y, _ = _target_rows(p_y, log_p_y, q, p_top, is_top, a_y, ctx.gamma)
+            p_top = torch.where(is_top, p_y, 1.0)
+            v, not_p_y, _ = _target_rows(p_y, log_p_y, r, p_top, is_top, a_y, ctx.gamma)
             coefficient = grad_loss.unsqueeze(-1) * v
             if _inplace(p, coefficient) and not torch.is_grad_enabled():
                 grad = torch.mul(p, coefficient * k).scatter_(-1, y, -not_p_y * coefficient)
@@ -755,21 +781,21 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             # the softmax's Jacobian: p (grad_p - sum_k p_k grad_p_k)
             through_p = torch._softmax_backward_data(grad_p, p, -1, p.dtype)
             grad = through_p if grad is None else grad + through_p
-        if grad_q is not None:
-            # q = 1 - p_top: dq/dz_k = p_top p_k off the top, -p_top q at it
-            scale = grad_q * p.gather(-1, top)
-            through_q = (p * scale).scatter(-1, top, -scale * q)
-            grad = through_q if grad is None else grad + through_q
+        if grad_r is not None:
+            # r = 1 - p_y: dr/dz_k = p_y p_k off the target, -p_y r at it
+            scale = grad_r * p.gather(-1, y)
+            through_r = (p * scale).scatter(-1, y, -scale * r)
+            grad = through_r if grad is None else grad + through_r
         return grad, None, None, None, None
 
 
 def _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index):
-    """The per-element loss through ``_SoftmaxAtTarget`` (its outputs p, q, top only feed the
+    """The per-element loss through ``_SoftmaxAtTarget`` (its outputs p and r only feed the
     backward)."""
     z, _, y, a_y, keep, _ = _softmax_targets(
         logits, targets, where, class_weight, axis, ignore_index, 0.0
     )
-    loss, _, _, _ = _SoftmaxAtTarget.apply(z, y, a_y, keep, gamma)
+    loss, _, _ = _SoftmaxAtTarget.apply(z, y, a_y, keep, gamma)
     return loss
 
 
