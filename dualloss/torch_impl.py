@@ -191,11 +191,18 @@ def _check_class_indices(targets: Tensor, num_classes: int, ignore_index: int) -
     """Indices in [0, C) or ignore_index: the exact ``_checks`` error where values are on the
     host; on an accelerator an asynchronous device assertion (no host sync; it fails the way
     torch's own ``cross_entropy`` does, at the next synchronisation)."""
-    bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
     if _reads_on_host(targets):
+        if targets.numel() == 0:
+            return
+        # one pass over the targets when every one is a class (the usual case)
+        low, high = torch.aminmax(targets)
+        if int(low) >= 0 and int(high) < num_classes:
+            return
+        bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
         if bool(bad.any()):
             _checks.class_indices(targets.cpu().numpy(), num_classes, ignore_index)
         return
+    bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
     torch._assert_async(~bad.any(), _checks.class_indices_device_message(num_classes, ignore_index))
 
 
@@ -301,6 +308,9 @@ def _softmax_keep(targets, valid, ignore_index, is_index):
     """
     keep = targets != ignore_index if is_index else None
     if valid is None:
+        if keep is not None and _reads_on_host(keep) and _values_are_concrete(keep):
+            # every element kept (the usual case): None, and no per-element masking follows
+            return None if bool(keep.all()) else keep
         return keep
     has_class = valid.any(dim=-1)
     keep = has_class if keep is None else keep & has_class
@@ -332,16 +342,20 @@ def _softmax_targets(logits, targets, where, class_weight, axis, ignore_index, l
     is_index = _is_index(targets)
     keep = _softmax_keep(targets, valid, ignore_index, is_index)
     if is_index:
-        y = torch.where(keep, targets, 0).unsqueeze(-1)
+        y = (targets if keep is None else torch.where(keep, targets, 0)).unsqueeze(-1)
         if label_smoothing == 0.0:
-            # fast path: a = class_weight * onehot(y) is nonzero only at y
+            # fast path: a = class_weight * onehot(y) is nonzero only at y (a_y None: 1)
             if class_weight is None:
-                a_y = keep.to(z.dtype).unsqueeze(-1)
+                a_y = None if keep is None else keep.to(z.dtype).unsqueeze(-1)
+            elif keep is None:
+                a_y = class_weight[y]
             else:
                 a_y = torch.where(keep.unsqueeze(-1), class_weight[y], 0.0)
             return z, None, y, a_y, keep, valid
         classes = torch.arange(num_classes, device=z.device)
-        one_hot = (classes == y) & keep.unsqueeze(-1)
+        one_hot = classes == y
+        if keep is not None:
+            one_hot = one_hot & keep.unsqueeze(-1)
         t = one_hot.to(z.dtype)
     else:
         t = targets.movedim(axis, -1).to(z.dtype)
@@ -551,6 +565,9 @@ def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss):
     j != y and 0 for j = y, so the gradient is p_j v_y off y and -(1 - p_y) v_y at y. Returns the
     loss (`grad_loss` None) or the gradient times `grad_loss` (shape [...]).
     """
+    if a_y is None:
+        # a target mass of 1 (every element kept, no class weight)
+        a_y = torch.ones(y.shape, dtype=z.dtype, device=z.device)
     inplace = _inplace(z, y, a_y, grad_loss)
     if inplace:
         # fast path of _row_stats on one temporary: exp(z - z_top) with the top's 1 left out
@@ -637,6 +654,8 @@ _softmax_focal_loss = _with_closed_form_grad(_softmax_loss_or_grad, 4)
 def _target_rows(p_y, log_p_y, q, p_top, is_top, a_y, gamma):
     """For the target class y of each row ([..., 1] each): v_y, the coefficient of the gradient
     (p_j v_y off y, -(1 - p_y) v_y at y), 1 - p_y and (1 - p_y)^gamma (None for gamma = 0).
+    `a_y` None is a target mass of 1 (then v_y is None for gamma = 0); `log_p_y` enters only for
+    gamma != 0.
 
     `q` = 1 - p_top = sum_{j != top} p_j (no cancellation), so at the top 1 - p_y = q and
     s = sum_{j != top} exp(z_j - z_top) = q / p_top, the quantities ``_focal_phi`` takes.
@@ -653,7 +672,8 @@ def _target_rows(p_y, log_p_y, q, p_top, is_top, a_y, gamma):
     focal_weight = torch.exp(gamma * log_not_p)
     s = q / p_top
     phi = _focal_phi(log_p_y, p_y, not_p_y, is_top, s, torch.log1p(s))
-    return a_y * focal_weight * (1.0 - gamma * phi), not_p_y, focal_weight
+    v = focal_weight * (1.0 - gamma * phi)
+    return v if a_y is None else a_y * v, not_p_y, focal_weight
 
 
 class _SoftmaxAtTarget(torch.autograd.Function):
@@ -732,9 +752,14 @@ class _SoftmaxAtTarget(torch.autograd.Function):
                 torch.exp(log_p_y), log_p_y, r * k, torch.where(is_top, p_y * k, 1.0), is_top,
                 a_y, gamma,
             )  # fmt: skip
-        weighted = a_y if focal_weight is None else a_y * focal_weight
-        # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
-        loss = -(weighted * torch.where((a_y == 0.0) & (log_p_y == -math.inf), 0.0, log_p_y))
+        if a_y is None:
+            # a target mass of 1 (every element kept, no class weight)
+            loss = -log_p_y if focal_weight is None else -(focal_weight * log_p_y)
+        else:
+            weighted = a_y if focal_weight is None else a_y * focal_weight
+            # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
+            zero = (a_y == 0.0) & (log_p_y == -math.inf)
+            loss = -(weighted * torch.where(zero, 0.0, log_p_y))
         loss = loss.squeeze(-1)
         if keep is not None:
             # ignored elements give 0, whatever their logits
@@ -763,16 +788,20 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             k = 1.0 / (p_y + r)
             p_y = p_y * k
             r = r * k
-            # log p_y enters only phi (as p_y log p_y): p_y from the softmax is enough here
-            has_p = p_y > 0.0
-            log_p_y = torch.where(
-                is_top,
-                torch.log1p(-r),
-                torch.where(has_p, torch.log(torch.where(has_p, p_y, 1.0)), -math.inf),
-            )
-            p_top = torch.where(is_top, p_y, 1.0)
+            log_p_y = p_top = None
+            if ctx.gamma != 0.0:
+                # log p_y enters only phi (as p_y log p_y): p_y from the softmax is enough here
+                has_p = p_y > 0.0
+                log_p_y = torch.where(
+                    is_top,
+                    torch.log1p(-r),
+                    torch.where(has_p, torch.log(torch.where(has_p, p_y, 1.0)), -math.inf),
+                )
+                p_top = torch.where(is_top, p_y, 1.0)
             v, not_p_y, _ = _target_rows(p_y, log_p_y, r, p_top, is_top, a_y, ctx.gamma)
-            coefficient = grad_loss.unsqueeze(-1) * v
+            coefficient = grad_loss.unsqueeze(-1)
+            if v is not None:
+                coefficient = coefficient * v
             if _inplace(p, coefficient) and not torch.is_grad_enabled():
                 grad = torch.mul(p, coefficient * k).scatter_(-1, y, -not_p_y * coefficient)
             else:
@@ -871,8 +900,11 @@ def _softmax(
         keep = _softmax_keep(targets, valid, ignore_index, is_index)
         if is_index and not is_focal and class_weight is not None:
             # torch: the weighted mean divides by the weights of the kept targets
-            targets = torch.where(keep, targets, 0)
-            denominator = torch.where(keep, class_weight[targets], 0.0).sum()
+            if keep is None:
+                denominator = class_weight[targets].sum()
+            else:
+                targets = torch.where(keep, targets, 0)
+                denominator = torch.where(keep, class_weight[targets], 0.0).sum()
         elif keep is not None:
             # plain mean over the kept elements (probability targets: those with a class left)
             denominator = keep.sum()
