@@ -66,8 +66,8 @@ MUTATIONS = (
     ),
     Mutation(
         "torch_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
-        "        log1p_s = torch.log1p(r / torch.where(is_top, p_y, 1.0))\n",
-        "        log1p_s = torch.log(1.0 + r / torch.where(is_top, p_y, 1.0))\n",
+        "        log_p_y = torch.log1p(r / p_y).neg_()\n",
+        "        log_p_y = torch.log(1.0 + r / p_y).neg_()\n",
     ),
     Mutation(
         "jax_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
@@ -116,7 +116,7 @@ MUTATIONS = (
         "    return torch.sigmoid(x) - t\n",
     ),
     Mutation(
-        "torch_impl", "softmax_cross_entropy", "1 - p_y at the top formed as 1 - p_y (fast path)",
+        "torch_impl", "softmax_focal_loss", "1 - p_y at the top formed as 1 - p_y (fast path)",
         "    not_p_y = torch.where(is_top, q, 1.0 - p_y)\n",
         "    not_p_y = 1.0 - p_y\n",
     ),
@@ -128,8 +128,8 @@ MUTATIONS = (
     ),
     Mutation(
         "torch_impl", "softmax_focal_loss", "an underflowed p_y's log from p_y alone (fast path)",
-        "            log_p_y = torch.where(small, from_logits, torch.log(p_y * k))\n",
-        "            log_p_y = torch.log(p_y * k)\n",
+        "            log_p_y = torch.where(small, from_logits, log_p_y)\n",
+        "            log_p_y = log_p_y\n",
         own_tests="fast_path_branches",
     ),
 )  # fmt: skip

@@ -652,17 +652,14 @@ _softmax_focal_loss = _with_closed_form_grad(_softmax_loss_or_grad, 4)
 
 
 def _target_rows(p_y, log_p_y, q, p_top, is_top, a_y, gamma):
-    """For the target class y of each row ([..., 1] each): v_y, the coefficient of the gradient
-    (p_j v_y off y, -(1 - p_y) v_y at y), 1 - p_y and (1 - p_y)^gamma (None for gamma = 0).
-    `a_y` None is a target mass of 1 (then v_y is None for gamma = 0); `log_p_y` enters only for
-    gamma != 0.
+    """The focal terms (gamma != 0) of the target class y of each row ([..., 1] each): v_y, the
+    coefficient of the gradient (p_j v_y off y, -(1 - p_y) v_y at y), 1 - p_y and
+    (1 - p_y)^gamma; `a_y` None is a target mass of 1.
 
     `q` = 1 - p_top = sum_{j != top} p_j (no cancellation), so at the top 1 - p_y = q and
     s = sum_{j != top} exp(z_j - z_top) = q / p_top, the quantities ``_focal_phi`` takes.
     """
     not_p_y = torch.where(is_top, q, 1.0 - p_y)
-    if gamma == 0.0:
-        return a_y, not_p_y, None
     # log(1 - p_y): log q at the top (-inf below the smallest normal, double where: the
     # second-order gradient of log q at q = 0 stays out), log1p(-p_y) elsewhere
     tiny = torch.finfo(q.dtype).tiny
@@ -686,17 +683,16 @@ class _SoftmaxAtTarget(torch.autograd.Function):
     the backward recomputes nothing. The saved tensor is p (the size of the logits; the logits
     themselves are not kept).
 
-    r = sum_{j != y} p_j is 1 - p_y without cancellation. Where the target dominates its row
-    (p_y > r: it is the top class, and the only place where 1 - p_y can be tiny),
+    r = sum_{j != y} p_j is 1 - p_y without cancellation, in every row, so
 
-      log p_y = -log1p(s),  s = r / p_y = sum_{j != y} exp(z_j - z_y),
+      log p_y = -log1p(s),  s = r / p_y = sum_{j != y} exp(z_j - z_y),   1 - p_y = r / (p_y + r):
 
-    so a confident row keeps its tiny loss log1p(s) where softmax's p_y rounds to 1, and
-    1 - p_y = r / (p_y + r). Elsewhere p_y <= 1/2: |log p_y| >= log 2, and log(p_y / (p_y + r))
-    is all it needs (the ratio cancels the rounding of softmax's own row sum; p_y + r is that sum
-    in cascade summation), except below the smallest normal number, where p_y has lost digits
-    (0 once it underflows): there log p_y = (z_y - z_top) + log(p_top / (p_y + r)) from the
-    logits, on those rows only on the CPU (p_top >= 1 / C never underflows).
+    a confident row keeps its tiny loss log1p(s) where softmax's p_y rounds to 1, and the ratio
+    cancels the rounding of softmax's own row sum (p_y + r is that sum in cascade summation). Below
+    the smallest normal number p_y has lost digits (0 once it underflows): there
+    log p_y = (z_y - z_top) + log(p_top / (p_y + r)) from the logits, on those rows only on the
+    CPU (p_top >= 1 / C never underflows). The focal terms need to know whether y is the top
+    class where p_y is close to 1: it is where p_y > r (the target dominates its row).
 
     p and r are outputs of the function (saved as such), so under ``create_graph=True`` the
     backward, written in differentiable ops of them, is differentiated through them: their
@@ -725,29 +721,28 @@ class _SoftmaxAtTarget(torch.autograd.Function):
                 r = torch.where(bad, 1.0, r)
                 p_y = torch.where(bad, 0.0, p_y)
                 p = torch.where(bad, 0.0, p)
-        k = 1.0 / (p_y + r)
-        is_top = p_y > r
-        log1p_s = torch.log1p(r / torch.where(is_top, p_y, 1.0))
-        # below the smallest normal number p_y has lost digits: there log p_y comes from the
-        # logits, (z_y - z_top) + log(p_top k)
+        # log p_y = -log(1 + r / p_y), the ratio free of softmax's own rounded row sum
+        log_p_y = torch.log1p(r / p_y).neg_()
+        # below the smallest normal number p_y has lost digits (0 once it underflows): there
+        # log p_y = (z_y - z_top) + log(p_top / (p_y + r)) from the logits
         small = p_y < torch.finfo(p.dtype).tiny
         if on_host:
-            log_p_y = torch.log(p_y * k)
             rows = small.squeeze(-1)
             if bool(rows.any()):
                 z_rows, p_rows = z[rows], p[rows]
                 log_p_y[rows] = (
                     z_rows.gather(-1, y[rows]) - z_rows.amax(dim=-1, keepdim=True)
-                ) + torch.log(p_rows.amax(dim=-1, keepdim=True) * k[rows])
+                ) + torch.log(p_rows.amax(dim=-1, keepdim=True) / (p_y[rows] + r[rows]))
         else:
             from_logits = (z.gather(-1, y) - z.amax(dim=-1, keepdim=True)) + torch.log(
-                p.amax(dim=-1, keepdim=True) * k
+                p.amax(dim=-1, keepdim=True) / (p_y + r)
             )
-            log_p_y = torch.where(small, from_logits, torch.log(p_y * k))
-        log_p_y = torch.where(is_top, -log1p_s, log_p_y)
+            log_p_y = torch.where(small, from_logits, log_p_y)
         if gamma == 0.0:
             focal_weight = None
         else:
+            k = 1.0 / (p_y + r)
+            is_top = p_y > r
             _, _, focal_weight = _target_rows(
                 torch.exp(log_p_y), log_p_y, r * k, torch.where(is_top, p_y * k, 1.0), is_top,
                 a_y, gamma,
@@ -778,7 +773,16 @@ class _SoftmaxAtTarget(torch.autograd.Function):
     def backward(ctx, grad_loss, grad_p, grad_r):
         p, r, y, a_y = ctx.saved_tensors
         grad = None
-        if grad_loss is not None:
+        if grad_loss is not None and ctx.gamma == 0.0:
+            # cross entropy: p_j c off the target, -(1 - p_y) c = -r k c at it (k below)
+            k = 1.0 / (p.gather(-1, y) + r)
+            coefficient = grad_loss.unsqueeze(-1) if a_y is None else grad_loss.unsqueeze(-1) * a_y
+            scale = coefficient * k
+            if _inplace(p, scale) and not torch.is_grad_enabled():
+                grad = torch.mul(p, scale).scatter_(-1, y, (r * scale).neg_())
+            else:
+                grad = (p * scale).scatter(-1, y, -(r * scale))
+        elif grad_loss is not None:
             p_y = p.gather(-1, y)
             is_top = p_y > r
             # softmax's row sum is rounded by its own kernel (tens of ULP at C ~ 30k); the sum
@@ -788,20 +792,16 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             k = 1.0 / (p_y + r)
             p_y = p_y * k
             r = r * k
-            log_p_y = p_top = None
-            if ctx.gamma != 0.0:
-                # log p_y enters only phi (as p_y log p_y): p_y from the softmax is enough here
-                has_p = p_y > 0.0
-                log_p_y = torch.where(
-                    is_top,
-                    torch.log1p(-r),
-                    torch.where(has_p, torch.log(torch.where(has_p, p_y, 1.0)), -math.inf),
-                )
-                p_top = torch.where(is_top, p_y, 1.0)
+            # log p_y enters only phi (as p_y log p_y): p_y from the softmax is enough here
+            has_p = p_y > 0.0
+            log_p_y = torch.where(
+                is_top,
+                torch.log1p(-r),
+                torch.where(has_p, torch.log(torch.where(has_p, p_y, 1.0)), -math.inf),
+            )
+            p_top = torch.where(is_top, p_y, 1.0)
             v, not_p_y, _ = _target_rows(p_y, log_p_y, r, p_top, is_top, a_y, ctx.gamma)
-            coefficient = grad_loss.unsqueeze(-1)
-            if v is not None:
-                coefficient = coefficient * v
+            coefficient = grad_loss.unsqueeze(-1) * v
             if _inplace(p, coefficient) and not torch.is_grad_enabled():
                 grad = torch.mul(p, coefficient * k).scatter_(-1, y, -not_p_y * coefficient)
             else:
