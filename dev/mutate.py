@@ -46,8 +46,8 @@ class Mutation:
 MUTATIONS = (
     Mutation(
         "torch_impl", "softmax_focal_loss", "focal backward drops the gamma * phi term",
-        "    return a_y * focal_weight * (1.0 - gamma * phi), not_p_y, focal_weight\n",
-        "    return a_y * focal_weight, not_p_y, focal_weight\n",
+        "    v = focal_weight * (1.0 - gamma * phi)\n",
+        "    v = focal_weight\n",
     ),
     Mutation(
         "jax_impl", "softmax_focal_loss", "focal gradient drops the gamma * phi term",
@@ -116,9 +116,11 @@ MUTATIONS = (
         "    return torch.sigmoid(x) - t\n",
     ),
     Mutation(
-        "torch_impl", "softmax_focal_loss", "1 - p_y at the top formed as 1 - p_y (fast path)",
-        "    not_p_y = torch.where(is_top, q, 1.0 - p_y)\n",
-        "    not_p_y = 1.0 - p_y\n",
+        "torch_impl", "softmax_cross_entropy", "1 - p_y at the top formed as 1 - p_y (fast path)",
+        "                grad = torch.mul(p, scale).scatter_(-1, y, (r * scale).neg_())\n",
+        "                grad = torch.mul(p, scale).scatter_(\n"
+        "                    -1, y, ((1.0 - p.gather(-1, y) * k) * scale).neg_()\n"
+        "                )\n",
     ),
     Mutation(
         "torch_impl", "softmax_cross_entropy", "1 - p_y as the row sum less p_y (fast path)",
