@@ -999,6 +999,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=int, help="untimed repetitions first (default 3)")
     parser.add_argument(
+        "--allocator",
+        choices=("kept", "default"),
+        default="kept",
+        help="kept (default): glibc keeps freed memory, as a caching allocator does (the module "
+        "restarts itself with MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ set); default: "
+        "glibc's own settings, where large buffers can be page-faulted back on every call",
+    )
+    parser.add_argument(
         "--device",
         default="auto",
         help="cpu or gpu:N (alias cuda:N) for both frameworks (default auto: gpu:0 if present)",
@@ -1092,7 +1100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     machine = machine_line(time_rows)
     report = "\n\n".join(
         [
-            f"Machine: {machine}.",
+            f"Machine: {machine}. {allocator_line()}.",
             "Forward+backward, median ms; ratio = median dualloss / median peer (below 1: dualloss"
             " faster); paired = median over repetitions of the ratio within each interleaved pair.",
             floor_line(floors),
@@ -1116,6 +1124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dump(
                 {
                     "machine": machine,
+                    "allocator": allocator_line(),
                     "time": [asdict(r) for r in time_rows],
                     "memory": [asdict(r) for r in memory_rows],
                     "floor_ms": {_shape(s): ms for s, ms in floors.items()},
@@ -1131,5 +1140,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if errors or any(math.isnan(r.ratio) for r in time_rows) else 0
 
 
+# glibc keeps freed memory (no return to the OS, no mmap per large buffer): what a caching
+# allocator (CUDA's) gives. With glibc's defaults a process page-faults its 16-64 MB buffers back
+# on many calls, differently for each loss and each process (docs/benchmarks.md, "Page faults").
+KEPT_ALLOCATOR = {"MALLOC_MMAP_THRESHOLD_": "4294967296", "MALLOC_TRIM_THRESHOLD_": "4294967296"}
+
+
+def allocator_line() -> str:
+    kept = all(os.environ.get(k) == v for k, v in KEPT_ALLOCATOR.items())
+    if kept:
+        return (
+            "glibc allocator: freed memory kept ("
+            + " ".join(f"{k}={v}" for k, v in KEPT_ALLOCATOR.items())
+            + "; --allocator default for glibc's own settings)"
+        )
+    return (
+        "glibc allocator: its own settings (--allocator default): large buffers may be"
+        " page-faulted back on every call"
+    )
+
+
+def _reexec_for_allocator(argv: Sequence[str]) -> None:
+    """`--allocator kept` (the default) needs the environment set before the process starts:
+    start this module again with it (once; the variables mark the second start)."""
+    if "--allocator=default" in argv or (
+        "--allocator" in argv and argv[argv.index("--allocator") + 1 :][:1] == ["default"]
+    ):
+        return
+    if all(os.environ.get(k) == v for k, v in KEPT_ALLOCATOR.items()):
+        return
+    env = dict(os.environ, **KEPT_ALLOCATOR)
+    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.run", *argv], env)
+
+
 if __name__ == "__main__":
+    _reexec_for_allocator(sys.argv[1:])
     sys.exit(main())

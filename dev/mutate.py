@@ -46,8 +46,8 @@ class Mutation:
 MUTATIONS = (
     Mutation(
         "torch_impl", "softmax_focal_loss", "focal backward drops the gamma * phi term",
-        "    return a_y * focal_weight * (1.0 - gamma * phi), not_p_y, focal_weight\n",
-        "    return a_y * focal_weight, not_p_y, focal_weight\n",
+        "    v = focal_weight * (1.0 - gamma * phi)\n",
+        "    v = focal_weight\n",
     ),
     Mutation(
         "jax_impl", "softmax_focal_loss", "focal gradient drops the gamma * phi term",
@@ -66,8 +66,8 @@ MUTATIONS = (
     ),
     Mutation(
         "torch_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
-        "        log_p_y = (z.gather(-1, y) - z.gather(-1, top)) - torch.log1p(q / p_top)\n",
-        "        log_p_y = (z.gather(-1, y) - z.gather(-1, top)) - torch.log(1.0 + q / p_top)\n",
+        "        log_p_y = torch.log1p(r / p_y).neg_()\n",
+        "        log_p_y = torch.log(1.0 + r / p_y).neg_()\n",
     ),
     Mutation(
         "jax_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
@@ -119,8 +119,22 @@ MUTATIONS = (
     ),
     Mutation(
         "torch_impl", "softmax_cross_entropy", "1 - p_y at the top formed as 1 - p_y (fast path)",
-        "    not_p_y = torch.where(is_top, q, 1.0 - p_y)\n",
-        "    not_p_y = 1.0 - p_y\n",
+        "                grad = torch.mul(p, scale).scatter_(-1, y, (r * scale).neg_())\n",
+        "                grad = torch.mul(p, scale).scatter_(\n"
+        "                    -1, y, ((1.0 - p.gather(-1, y) * k) * scale).neg_()\n"
+        "                )\n",
+    ),
+    Mutation(
+        "torch_impl", "softmax_cross_entropy", "1 - p_y as the row sum less p_y (fast path)",
+        "            r = p.scatter_(-1, y, 0.0).sum(dim=-1, keepdim=True)\n"
+        "            p.scatter_(-1, y, p_y)\n",
+        "            r = p.sum(dim=-1, keepdim=True) - p_y\n",
+    ),
+    Mutation(
+        "torch_impl", "softmax_focal_loss", "an underflowed p_y's log from p_y alone (fast path)",
+        "            log_p_y = torch.where(small, from_logits, log_p_y)\n",
+        "            log_p_y = log_p_y\n",
+        own_tests="fast_path_branches",
     ),
     Mutation(
         "torch_impl", "sigmoid_cross_entropy", "sigma(x) - t with its cancellation (CE fast path)",

@@ -21,11 +21,12 @@ function by function with the same local names. What differs:
   gradients.
 * Fast path: class-index targets without label smoothing never build an N x C target tensor;
   only the target's column is gathered (the spec's ``_softmax_focal_terms`` with a one-hot
-  ``a``). For float32/float64 logits this is ``_SoftmaxAtTarget``: torch's fused softmax, the
-  row maximum of p and the others' share q = 1 - p_top in forward, and one multiplication per
-  entry in backward (p v_y off the target, -(1 - p_y) v_y at it, from one value per row). It
-  keeps p for backward (the size of the logits) instead of the logits, and p and q are outputs of
-  that Function, so ``create_graph=True`` differentiates the backward through them. Half inputs
+  ``a``). For float32/float64 logits this is ``_SoftmaxAtTarget``: torch's fused softmax and
+  the others' share r = 1 - p_y (the row sum of p with the target's entry left out) in forward,
+  and one multiplication per entry in backward (p v_y off the target, -(1 - p_y) v_y at it, from
+  one value per row). It keeps p for backward (the size of the logits) instead of the logits,
+  and p and r are outputs of that Function, so ``create_graph=True`` differentiates the backward
+  through them. Half inputs
   (whose own logits are the smaller thing to keep) and class weights that require grad take the
   general path (``_softmax_focal_terms_sparse``).
 * ``log(1 - p_top)`` uses ``log s`` directly (s = sum_{j != top} exp(z_j - z_top)) instead of the
@@ -191,11 +192,18 @@ def _check_class_indices(targets: Tensor, num_classes: int, ignore_index: int) -
     """Indices in [0, C) or ignore_index: the exact ``_checks`` error where values are on the
     host; on an accelerator an asynchronous device assertion (no host sync; it fails the way
     torch's own ``cross_entropy`` does, at the next synchronisation)."""
-    bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
     if _reads_on_host(targets):
+        if targets.numel() == 0:
+            return
+        # one pass over the targets when every one is a class (the usual case)
+        low, high = torch.aminmax(targets)
+        if int(low) >= 0 and int(high) < num_classes:
+            return
+        bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
         if bool(bad.any()):
             _checks.class_indices(targets.cpu().numpy(), num_classes, ignore_index)
         return
+    bad = ((targets < 0) | (targets >= num_classes)) & (targets != ignore_index)
     torch._assert_async(~bad.any(), _checks.class_indices_device_message(num_classes, ignore_index))
 
 
@@ -301,6 +309,9 @@ def _softmax_keep(targets, valid, ignore_index, is_index):
     """
     keep = targets != ignore_index if is_index else None
     if valid is None:
+        if keep is not None and _reads_on_host(keep) and _values_are_concrete(keep):
+            # every element kept (the usual case): None, and no per-element masking follows
+            return None if bool(keep.all()) else keep
         return keep
     has_class = valid.any(dim=-1)
     keep = has_class if keep is None else keep & has_class
@@ -332,16 +343,20 @@ def _softmax_targets(logits, targets, where, class_weight, axis, ignore_index, l
     is_index = _is_index(targets)
     keep = _softmax_keep(targets, valid, ignore_index, is_index)
     if is_index:
-        y = torch.where(keep, targets, 0).unsqueeze(-1)
+        y = (targets if keep is None else torch.where(keep, targets, 0)).unsqueeze(-1)
         if label_smoothing == 0.0:
-            # fast path: a = class_weight * onehot(y) is nonzero only at y
+            # fast path: a = class_weight * onehot(y) is nonzero only at y (a_y None: 1)
             if class_weight is None:
-                a_y = keep.to(z.dtype).unsqueeze(-1)
+                a_y = None if keep is None else keep.to(z.dtype).unsqueeze(-1)
+            elif keep is None:
+                a_y = class_weight[y]
             else:
                 a_y = torch.where(keep.unsqueeze(-1), class_weight[y], 0.0)
             return z, None, y, a_y, keep, valid
         classes = torch.arange(num_classes, device=z.device)
-        one_hot = (classes == y) & keep.unsqueeze(-1)
+        one_hot = classes == y
+        if keep is not None:
+            one_hot = one_hot & keep.unsqueeze(-1)
         t = one_hot.to(z.dtype)
     else:
         t = targets.movedim(axis, -1).to(z.dtype)
@@ -551,6 +566,9 @@ def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss):
     j != y and 0 for j = y, so the gradient is p_j v_y off y and -(1 - p_y) v_y at y. Returns the
     loss (`grad_loss` None) or the gradient times `grad_loss` (shape [...]).
     """
+    if a_y is None:
+        # a target mass of 1 (every element kept, no class weight)
+        a_y = torch.ones(y.shape, dtype=z.dtype, device=z.device)
     inplace = _inplace(z, y, a_y, grad_loss)
     if inplace:
         # fast path of _row_stats on one temporary: exp(z - z_top) with the top's 1 left out
@@ -635,15 +653,14 @@ _softmax_focal_loss = _with_closed_form_grad(_softmax_loss_or_grad, 4)
 
 
 def _target_rows(p_y, log_p_y, q, p_top, is_top, a_y, gamma):
-    """For the target class y of each row ([..., 1] each): v_y, the coefficient of the gradient
-    (p_j v_y off y, -(1 - p_y) v_y at y), 1 - p_y and (1 - p_y)^gamma (None for gamma = 0).
+    """The focal terms (gamma != 0) of the target class y of each row ([..., 1] each): v_y, the
+    coefficient of the gradient (p_j v_y off y, -(1 - p_y) v_y at y), 1 - p_y and
+    (1 - p_y)^gamma; `a_y` None is a target mass of 1.
 
     `q` = 1 - p_top = sum_{j != top} p_j (no cancellation), so at the top 1 - p_y = q and
     s = sum_{j != top} exp(z_j - z_top) = q / p_top, the quantities ``_focal_phi`` takes.
     """
     not_p_y = torch.where(is_top, q, 1.0 - p_y)
-    if gamma == 0.0:
-        return a_y, not_p_y, None
     # log(1 - p_y): log q at the top (-inf below the smallest normal, double where: the
     # second-order gradient of log q at q = 0 stays out), log1p(-p_y) elsewhere
     tiny = torch.finfo(q.dtype).tiny
@@ -653,27 +670,34 @@ def _target_rows(p_y, log_p_y, q, p_top, is_top, a_y, gamma):
     focal_weight = torch.exp(gamma * log_not_p)
     s = q / p_top
     phi = _focal_phi(log_p_y, p_y, not_p_y, is_top, s, torch.log1p(s))
-    return a_y * focal_weight * (1.0 - gamma * phi), not_p_y, focal_weight
+    v = focal_weight * (1.0 - gamma * phi)
+    return v if a_y is None else a_y * v, not_p_y, focal_weight
 
 
 class _SoftmaxAtTarget(torch.autograd.Function):
     """Softmax CE / focal loss with class-index targets, no label smoothing: the fast path.
 
     forward(z, y, a_y, keep, gamma) with z the class-last logits (float32 or float64), y and a_y
-    of shape [..., 1], keep [...] or None, returns (loss [...], p [..., C], q [..., 1]). Three
-    passes over N x C in forward (torch's fused softmax, the row maximum of p, the sum of the
-    others' share q = 1 - p_top) and one in backward (p times one number per row, then the
-    target's entry): the backward recomputes nothing. The saved tensor is p (the size of the
-    logits; the logits themselves are not kept).
+    of shape [..., 1], keep [...] or None, returns (loss [...], p [..., C], r [..., 1]). Two
+    passes over N x C in forward (torch's fused softmax, then the row sum of p with the target's
+    entry left out) and one in backward (p times one number per row, then the target's entry):
+    the backward recomputes nothing. The saved tensor is p (the size of the logits; the logits
+    themselves are not kept).
 
-      log p_y = (z_y - z_top) - log1p(s),  s = q / p_top = sum_{j != top} exp(z_j - z_top)
+    r = sum_{j != y} p_j is 1 - p_y without cancellation, in every row, so
 
-    (the top's 1 never enters s, so a confident row keeps its tiny loss log1p(s) where softmax's
-    p_y rounds to 1; the ratio q / p_top also cancels the rounding of softmax's row sum).
+      log p_y = -log1p(s),  s = r / p_y = sum_{j != y} exp(z_j - z_y),   1 - p_y = r / (p_y + r):
 
-    p and q are outputs of the function (saved as such), so under ``create_graph=True`` the
-    backward, written in differentiable ops of p and q, is differentiated through them: their
-    gradients come back here as grad_p (softmax's Jacobian) and grad_q (q = 1 - p_top).
+    a confident row keeps its tiny loss log1p(s) where softmax's p_y rounds to 1, and the ratio
+    cancels the rounding of softmax's own row sum (p_y + r is that sum in cascade summation). Below
+    the smallest normal number p_y has lost digits (0 once it underflows): there
+    log p_y = (z_y - z_top) + log(p_top / (p_y + r)) from the logits, on those rows only on the
+    CPU (p_top >= 1 / C never underflows). The focal terms need to know whether y is the top
+    class where p_y is close to 1: it is where p_y > r (the target dominates its row).
+
+    p and r are outputs of the function (saved as such), so under ``create_graph=True`` the
+    backward, written in differentiable ops of them, is differentiated through them: their
+    gradients come back here as grad_p (softmax's Jacobian) and grad_r (r = 1 - p_y).
     """
 
     generate_vmap_rule = True
@@ -681,72 +705,103 @@ class _SoftmaxAtTarget(torch.autograd.Function):
     @staticmethod
     def forward(z, y, a_y, keep, gamma):
         p = torch.softmax(z, dim=-1)
-        p_top, top = torch.max(p, dim=-1, keepdim=True)
-        if _inplace(p, top):
-            q = p.scatter_(-1, top, 0.0).sum(dim=-1, keepdim=True)
-            p.scatter_(-1, top, p_top)
+        p_y = p.gather(-1, y)
+        on_host = _inplace(p, y) and _reads_on_host(p)
+        if _inplace(p, y):
+            # the target's entry out, summed, put back: one pass over p, no temporary
+            r = p.scatter_(-1, y, 0.0).sum(dim=-1, keepdim=True)
+            p.scatter_(-1, y, p_y)
         else:
-            q = p.scatter(-1, top, 0.0).sum(dim=-1, keepdim=True)
+            r = p.scatter(-1, y, 0.0).sum(dim=-1, keepdim=True)
         if keep is not None:
             # an ignored row with a NaN or inf logit has a NaN softmax; its gradient is 0 (p * 0
-            # would be NaN), so its p becomes one-hot at the top (a finite point of the simplex,
-            # q = 0): on the CPU only when there is such a row (no sync), elsewhere one masked pass
-            bad = (~keep).unsqueeze(-1) & torch.isnan(q + p_top)
-            if not (_inplace(p, bad) and _reads_on_host(p) and not bool(bad.any())):
-                p_top = torch.where(bad, 1.0, p_top)
-                q = torch.where(bad, 0.0, q)
-                p = torch.where(bad, 0.0, p).scatter_(-1, top, p_top)
-        is_top = y == top
-        # s = q / p_top: the rounding of the softmax's own row sum cancels out of the ratio
-        log_p_y = (z.gather(-1, y) - z.gather(-1, top)) - torch.log1p(q / p_top)
+            # would be NaN), so its p becomes 0 and r 1 (a finite p_y + r): on the CPU only when
+            # there is such a row (no sync), elsewhere one masked pass
+            bad = (~keep).unsqueeze(-1) & torch.isnan(r + p_y)
+            if not (on_host and not bool(bad.any())):
+                r = torch.where(bad, 1.0, r)
+                p_y = torch.where(bad, 0.0, p_y)
+                p = torch.where(bad, 0.0, p)
+        # log p_y = -log(1 + r / p_y), the ratio free of softmax's own rounded row sum
+        log_p_y = torch.log1p(r / p_y).neg_()
+        # below the smallest normal number p_y has lost digits (0 once it underflows): there
+        # log p_y = (z_y - z_top) + log(p_top / (p_y + r)) from the logits
+        small = p_y < torch.finfo(p.dtype).tiny
+        if on_host:
+            rows = small.squeeze(-1)
+            if bool(rows.any()):
+                z_rows, p_rows = z[rows], p[rows]
+                log_p_y[rows] = (
+                    z_rows.gather(-1, y[rows]) - z_rows.amax(dim=-1, keepdim=True)
+                ) + torch.log(p_rows.amax(dim=-1, keepdim=True) / (p_y[rows] + r[rows]))
+        else:
+            from_logits = (z.gather(-1, y) - z.amax(dim=-1, keepdim=True)) + torch.log(
+                p.amax(dim=-1, keepdim=True) / (p_y + r)
+            )
+            log_p_y = torch.where(small, from_logits, log_p_y)
         if gamma == 0.0:
             focal_weight = None
         else:
-            k = 1.0 / (p_top + q)
+            k = 1.0 / (p_y + r)
+            is_top = p_y > r
             _, _, focal_weight = _target_rows(
-                torch.exp(log_p_y), log_p_y, q * k, p_top * k, is_top, a_y, gamma
-            )
-        weighted = a_y if focal_weight is None else a_y * focal_weight
-        # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
-        loss = -(weighted * torch.where((a_y == 0.0) & (log_p_y == -math.inf), 0.0, log_p_y))
+                torch.exp(log_p_y), log_p_y, r * k, torch.where(is_top, p_y * k, 1.0), is_top,
+                a_y, gamma,
+            )  # fmt: skip
+        if a_y is None:
+            # a target mass of 1 (every element kept, no class weight)
+            loss = -log_p_y if focal_weight is None else -(focal_weight * log_p_y)
+        else:
+            weighted = a_y if focal_weight is None else a_y * focal_weight
+            # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
+            zero = (a_y == 0.0) & (log_p_y == -math.inf)
+            loss = -(weighted * torch.where(zero, 0.0, log_p_y))
         loss = loss.squeeze(-1)
         if keep is not None:
             # ignored elements give 0, whatever their logits
             loss = torch.where(keep, loss, 0.0)
-        return loss, p, q, top
+        return loss, p, r
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         _, y, a_y, _, gamma = inputs
-        _, p, q, top = output
-        ctx.save_for_backward(p, q, top, y, a_y)
+        _, p, r = output
+        ctx.save_for_backward(p, r, y, a_y)
         ctx.gamma = gamma
-        ctx.mark_non_differentiable(top)
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_p, grad_q, _grad_top):
-        p, q, top, y, a_y = ctx.saved_tensors
+    def backward(ctx, grad_loss, grad_p, grad_r):
+        p, r, y, a_y = ctx.saved_tensors
         grad = None
-        if grad_loss is not None:
-            is_top = y == top
+        if grad_loss is not None and ctx.gamma == 0.0:
+            # cross entropy: p_j c off the target, -(1 - p_y) c = -r k c at it (k below)
+            k = 1.0 / (p.gather(-1, y) + r)
+            coefficient = grad_loss.unsqueeze(-1) if a_y is None else grad_loss.unsqueeze(-1) * a_y
+            scale = coefficient * k
+            if _inplace(p, scale) and not torch.is_grad_enabled():
+                grad = torch.mul(p, scale).scatter_(-1, y, (r * scale).neg_())
+            else:
+                grad = (p * scale).scatter(-1, y, -(r * scale))
+        elif grad_loss is not None:
+            p_y = p.gather(-1, y)
+            is_top = p_y > r
             # softmax's row sum is rounded by its own kernel (tens of ULP at C ~ 30k); the sum
-            # of its terms is p_top + q (cascade summation), so k = 1 / (p_top + q) renormalises
+            # of its terms is p_y + r (cascade summation), so k = 1 / (p_y + r) renormalises
             # p to within a few ULP (k is 1 in exact arithmetic: under create_graph it adds
-            # nothing, as dq = -dp_top)
-            p_top = p.gather(-1, top)
-            k = 1.0 / (p_top + q)
-            p_y = p.gather(-1, y) * k
-            p_top = p_top * k
-            q = q * k
+            # nothing, as dr = -dp_y)
+            k = 1.0 / (p_y + r)
+            p_y = p_y * k
+            r = r * k
             # log p_y enters only phi (as p_y log p_y): p_y from the softmax is enough here
             has_p = p_y > 0.0
             log_p_y = torch.where(
                 is_top,
-                torch.log1p(-q),
+                torch.log1p(-r),
                 torch.where(has_p, torch.log(torch.where(has_p, p_y, 1.0)), -math.inf),
             )
-            v, not_p_y, _ = _target_rows(p_y, log_p_y, q, p_top, is_top, a_y, ctx.gamma)
+            p_top = torch.where(is_top, p_y, 1.0)
+            v, not_p_y, _ = _target_rows(p_y, log_p_y, r, p_top, is_top, a_y, ctx.gamma)
             coefficient = grad_loss.unsqueeze(-1) * v
             if _inplace(p, coefficient) and not torch.is_grad_enabled():
                 grad = torch.mul(p, coefficient * k).scatter_(-1, y, -not_p_y * coefficient)
@@ -756,21 +811,21 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             # the softmax's Jacobian: p (grad_p - sum_k p_k grad_p_k)
             through_p = torch._softmax_backward_data(grad_p, p, -1, p.dtype)
             grad = through_p if grad is None else grad + through_p
-        if grad_q is not None:
-            # q = 1 - p_top: dq/dz_k = p_top p_k off the top, -p_top q at it
-            scale = grad_q * p.gather(-1, top)
-            through_q = (p * scale).scatter(-1, top, -scale * q)
-            grad = through_q if grad is None else grad + through_q
+        if grad_r is not None:
+            # r = 1 - p_y: dr/dz_k = p_y p_k off the target, -p_y r at it
+            scale = grad_r * p.gather(-1, y)
+            through_r = (p * scale).scatter(-1, y, -scale * r)
+            grad = through_r if grad is None else grad + through_r
         return grad, None, None, None, None
 
 
 def _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index):
-    """The per-element loss through ``_SoftmaxAtTarget`` (its outputs p, q, top only feed the
+    """The per-element loss through ``_SoftmaxAtTarget`` (its outputs p and r only feed the
     backward)."""
     z, _, y, a_y, keep, _ = _softmax_targets(
         logits, targets, where, class_weight, axis, ignore_index, 0.0
     )
-    loss, _, _, _ = _SoftmaxAtTarget.apply(z, y, a_y, keep, gamma)
+    loss, _, _ = _SoftmaxAtTarget.apply(z, y, a_y, keep, gamma)
     return loss
 
 
@@ -846,8 +901,11 @@ def _softmax(
         keep = _softmax_keep(targets, valid, ignore_index, is_index)
         if is_index and not is_focal and class_weight is not None:
             # torch: the weighted mean divides by the weights of the kept targets
-            targets = torch.where(keep, targets, 0)
-            denominator = torch.where(keep, class_weight[targets], 0.0).sum()
+            if keep is None:
+                denominator = class_weight[targets].sum()
+            else:
+                targets = torch.where(keep, targets, 0)
+                denominator = torch.where(keep, class_weight[targets], 0.0).sum()
         elif keep is not None:
             # plain mean over the kept elements (probability targets: those with a class left)
             denominator = keep.sum()

@@ -22,6 +22,7 @@ import itertools
 import os
 import sys
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # tests/strategies.py and tests/mp_oracle.py are imported as plain modules
@@ -175,6 +176,16 @@ def pytest_collection_modifyitems(config, items):
         config.hook.pytest_deselected(items=deselected)
         items[:] = selected
         config._dualloss_on_demand = len(deselected)
+        if hasattr(config, "workeroutput"):
+            # a pytest-xdist worker (`-n 2`): the controller prints the summary line
+            config.workeroutput["dualloss_on_demand"] = len(deselected)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """pytest-xdist's controller: every worker collects (and leaves out) the same tests."""
+    left_out = getattr(node, "workeroutput", {}).get("dualloss_on_demand", 0)
+    node.config._dualloss_on_demand = max(getattr(node.config, "_dualloss_on_demand", 0), left_out)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

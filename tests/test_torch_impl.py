@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from dualloss import losses, spec
 from dualloss import torch_impl as ti
-from dualloss.parity import assert_matches_spec
+from dualloss.parity import assert_matches_spec, judge
 
 DTYPES = [torch.float64, torch.float32, torch.float16, torch.bfloat16]
 SOFTMAX = [info.name for info in losses.of_family("softmax")]
@@ -569,7 +569,7 @@ def test_class_index_path_keeps_the_probabilities_once_and_not_the_logits(loss):
     assert logits.untyped_storage().data_ptr() not in storages
     big = [x for x in storages.values() if x.numel() > 64]
     assert [tuple(x.shape) for x in big] == [(64, 10)], [x.shape for x in saved]
-    # p, then q, top, y, a_y (one value per row each) and the mean's scalars
+    # p, then r, y, a_y (one value per row each) and the mean's scalars
     assert sum(x.numel() for x in storages.values()) <= 64 * 10 + 4 * 64 + 8
     (first,) = torch.autograd.grad(value, logits, retain_graph=True)
     (second,) = torch.autograd.grad(value, logits)
@@ -598,6 +598,59 @@ def test_ignored_element_with_nan_logits_gives_zero_loss_and_gradient(loss, bad)
     assert torch.isfinite(grad).all() and grad[0].abs().sum() > 0
     batched = torch.func.vmap(torch.func.grad(f))(torch.stack([logits, logits]))
     torch.testing.assert_close(batched[0], grad, rtol=1e-12, atol=0.0)
+
+
+def _fast_path_rows(dtype):
+    """Rows for each branch of the fast path, class axis last, float64 NumPy, with targets."""
+    big = 200.0 if dtype == torch.float32 else 1000.0
+    logits = np.array(
+        [
+            [0.3, -1.2, 2.0, 0.5, -0.7],  # target not the top, p_y normal
+            [30.0, 5.0, -3.0, 10.0, 0.0],  # dominant target, s ~ 2e-9: loss -log1p(s)
+            [big, 0.0, -1.0, 2.0, 0.5],  # dominant target, the others underflow
+            [0.0, big, -1.0, 2.0, 0.5],  # target's p underflows: log p_y from the logits
+            [1.0, 1.0, 1.0, -np.inf, 0.0],  # a tie for the top (target among it), a masked class
+            [0.0, 0.0, -np.inf, -np.inf, -np.inf],  # a two-way tie at 1/2: not dominant
+            [-np.inf, 3.0, 0.0, 1.0, 2.0],  # target at -inf: loss inf (0 with no weight)
+            [2.0, 2.5, np.nan, 0.0, 1.0],  # NaN logit on an ignored row: loss and gradient 0
+        ]
+    )
+    targets = np.array([1, 0, 0, 0, 1, 0, 0, -100])
+    return logits, targets
+
+
+@pytest.mark.parametrize("on_host", [True, False], ids=["host", "masked"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("loss", SOFTMAX)
+def test_fast_path_branches_on_host_and_masked_meet_the_spec(loss, dtype, on_host, monkeypatch):
+    """The fast path treats some rows apart: a dominant target (-log1p(s)), a target whose p is
+    below the smallest normal (log p_y from the logits), an ignored row with a NaN. On the CPU
+    only those rows are read back; elsewhere (accelerators, torch.compile, vmap) masked passes
+    over every row do it. Both meet the spec under the strict standard, value and gradient."""
+    if not on_host:
+        monkeypatch.setattr(ti, "_reads_on_host", lambda x: False)
+    logits, targets = _fast_path_rows(dtype)
+    options = {"gamma": 0.5} if losses.get(loss).is_focal else {}
+    weight = np.array([1.0, 0.5, 2.0, 1.0, 1.0])
+    for extra in ({}, {"alpha": weight / 2.0} if options else {"weight": weight}):
+        x = torch.tensor(logits, dtype=dtype, requires_grad=True)
+        kwargs = dict(options, **{k: torch.tensor(v, dtype=dtype) for k, v in extra.items()})
+        value = getattr(ti, loss)(x, torch.tensor(targets), reduction="none", **kwargs)
+        # the row with its target at -inf has an infinite loss: the gradient of the others
+        finite = torch.isfinite(value).numpy()
+        assert finite.tolist() == [True] * 6 + [False, True]
+        (grad,) = torch.autograd.grad(value[finite].sum(), x)
+        spec_options = dict(options, **extra)
+        by_row = judge(loss, logits, targets, dict(spec_options, reduction="none"), dtype,
+                       value.detach().double().numpy())  # fmt: skip
+        assert by_row.ok, by_row
+        summed = judge(
+            loss, logits[finite], targets[finite], dict(spec_options, reduction="sum"), dtype,
+            value.detach()[finite].sum().double().numpy(), grad.double().numpy()[finite],
+        )  # fmt: skip
+        assert summed.ok, summed
+        assert torch.isfinite(grad).all() and torch.equal(grad[6], torch.zeros_like(grad[6]))
+        assert torch.equal(grad[7], torch.zeros_like(grad[7]))
 
 
 # ----------------------------------------------------------------------------------------------
