@@ -1076,7 +1076,8 @@ def linear_softmax_focal_loss(
 
 
 def _sigmoid_inputs(logits, targets, weight, pos_weight):
-    """Validates the sigmoid arguments; returns x, t, w, q in the compute dtype, logits shape."""
+    """Validates the sigmoid arguments; returns x, t, w, q in the compute dtype, of the logits
+    shape or flattened (see below)."""
     _not_torch(logits=logits, targets=targets, weight=weight, pos_weight=pos_weight)
     logits = _as_array(logits)
     targets = _as_array(targets)
@@ -1098,6 +1099,12 @@ def _sigmoid_inputs(logits, targets, weight, pos_weight):
         factor = _as_array(factor)
         _checks.broadcastable(name, factor.shape, logits.shape)
         factors.append(jnp.broadcast_to(factor.astype(dtype), x.shape))
+    if x.ndim > 1 and x.shape[-1] % 8 and x.shape[-1] < 64:
+        # the losses are element-wise, and XLA:CPU vectorizes along the last axis: a short one
+        # that is no multiple of 8 (the 10 classes of (65536, 10)) runs partly scalar, 2-5x
+        # slower than the same elements as one axis (docs/benchmarks.md); the callers restore
+        # the logits shape
+        return x.reshape(-1), t.reshape(-1), factors[0].reshape(-1), factors[1].reshape(-1)
     return x, t, factors[0], factors[1]
 
 
@@ -1198,7 +1205,7 @@ def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
         # through the weight (see _sigmoid_terms); the mean over no elements is 0
         w = w / max(x.size, 1)
         reduction = "sum"
-    loss = _sigmoid_cross_entropy_value(x, t, w, q)
+    loss = _sigmoid_cross_entropy_value(x, t, w, q).reshape(_as_array(logits).shape)
     return _sigmoid_reduce(loss, reduction).astype(_as_array(logits).dtype)
 
 
@@ -1346,6 +1353,7 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
         loss = _sigmoid_focal_value(x, t, w, alpha, gamma)
     else:
         loss = _sigmoid_focal_value_traced(x, t, w, alpha, gamma.astype(x.dtype))
+    loss = loss.reshape(_as_array(logits).shape)
     return _sigmoid_reduce(loss, reduction).astype(_as_array(logits).dtype)
 
 
