@@ -1144,11 +1144,11 @@ def _sigmoid_parts(x):
     softplus(x) = max(x, 0) + log1p(e),  softplus(-x) = max(-x, 0) + log1p(e),
     sigma(|x|) = 1 / (1 + e),  sigma(-|x|) = e sigma(|x|).
 
-    -|x| is a `where`, not `-abs(x)`: its derivative at x = 0 is then -1 (one side), where abs's
-    is 0, so the second derivative of the loss at x = 0 (Hessians) is not lost.
+    JAX's derivative of abs at 0 is 1, the side that `is_positive` takes, so the second
+    derivative of the losses at x = 0 is right (a `minimum(x, -x)` would give 0 there).
     """
     is_positive = x >= 0.0
-    minus_abs = jnp.where(is_positive, -x, x)
+    minus_abs = -jnp.abs(x)
     e = jnp.exp(minus_abs)
     log1p_e = jnp.log1p(e)
     sigma_abs = 1.0 / (1.0 + e)
