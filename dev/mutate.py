@@ -51,7 +51,9 @@ MUTATIONS = (
     ),
     Mutation(
         "jax_impl", "softmax_focal_loss", "focal gradient drops the gamma * phi term",
+        "        phi = jnp.where(at_top, phi_top, phi_rest)\n"
         "        v = a_y * focal_weight * (1.0 - gamma * phi)\n",
+        "        phi = jnp.where(at_top, phi_top, phi_rest)\n"
         "        v = a_y * focal_weight\n",
     ),
     Mutation(
@@ -146,6 +148,27 @@ MUTATIONS = (
         "                    grads[i] = _posinf_to_nan(logits, grads[i])\n",
         "                    pass\n",
         own_tests="sigmoid_special_logits",
+    ),
+    Mutation(
+        "jax_impl", "sigmoid_cross_entropy", "log1p(e) of the shared sigmoid parts as log(1 + e)",
+        "    log1p_e = jnp.log1p(e)\n    sigma_abs",
+        "    log1p_e = jnp.log(1.0 + e)\n    sigma_abs",
+    ),
+    Mutation(
+        "jax_impl", "sigmoid_focal_loss", "r without its a = 0 branch (0 / 0 where e underflows)",
+        "    r = jnp.where(no_a, sigma_abs, _ratio(e * sigma_abs, jnp.where(no_a, 1.0, y)))\n",
+        "    r = _ratio(e * sigma_abs, y)\n",
+    ),
+    Mutation(
+        "jax_impl", "sigmoid_focal_loss", "log(1 - p_t) near 1 as log(a + e b), never log1p",
+        "    near_one = z <= 0.25\n",
+        "    near_one = z < 0.0\n",
+    ),
+    Mutation(
+        "jax_impl", "sigmoid_focal_loss", "r as a plain quotient (d r forms (1 - p_t)^-2)",
+        "_ratio(e * sigma_abs, jnp.where(no_a, 1.0, y))",
+        "e * sigma_abs / jnp.where(no_a, 1.0, y)",
+        "tiny_soft_targets", "tests/test_jax_transforms.py",
     ),
 )  # fmt: skip
 

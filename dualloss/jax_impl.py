@@ -1076,7 +1076,8 @@ def linear_softmax_focal_loss(
 
 
 def _sigmoid_inputs(logits, targets, weight, pos_weight):
-    """Validates the sigmoid arguments; returns x, t, w, q in the compute dtype, logits shape."""
+    """Validates the sigmoid arguments; returns x, t, w, q in the compute dtype, of the logits
+    shape or flattened (see below)."""
     _not_torch(logits=logits, targets=targets, weight=weight, pos_weight=pos_weight)
     logits = _as_array(logits)
     targets = _as_array(targets)
@@ -1098,6 +1099,12 @@ def _sigmoid_inputs(logits, targets, weight, pos_weight):
         factor = _as_array(factor)
         _checks.broadcastable(name, factor.shape, logits.shape)
         factors.append(jnp.broadcast_to(factor.astype(dtype), x.shape))
+    if x.ndim > 1 and x.shape[-1] % 8 and x.shape[-1] < 64:
+        # the losses are element-wise, and XLA:CPU vectorizes along the last axis: a short one
+        # that is no multiple of 8 (the 10 classes of (65536, 10)) runs partly scalar, 2-5x
+        # slower than the same elements as one axis (docs/benchmarks.md); the callers restore
+        # the logits shape
+        return x.reshape(-1), t.reshape(-1), factors[0].reshape(-1), factors[1].reshape(-1)
     return x, t, factors[0], factors[1]
 
 
@@ -1112,14 +1119,69 @@ def _sigmoid(x):
     return jnp.where(x >= 0.0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
-def _sigmoid_terms(x, t, q):
-    """Per-element sigmoid cross entropy (w = 1) and its gradient; see spec.
+@jax.custom_jvp
+def _ratio(n, d):
+    """n / d, whose derivative is formed as (dn - (n / d) dd) / d.
 
-    l = (1 - t) softplus(x) + q t softplus(-x), dl/dx = (1 - t) sigma(x) - q t sigma(-x).
+    JAX's quotient rule forms n d^-2, which overflows (0 * inf = NaN in a Hessian) for d below
+    the square root of the smallest normal, e.g. 1 - p_t at a soft target t = 1e-30.
     """
-    # -log(1 - sigma(x)) = softplus(x), -log(sigma(x)) = softplus(-x)
-    loss = (1.0 - t) * _softplus(x) + q * t * _softplus(-x)
-    grad = (1.0 - t) * _sigmoid(x) - q * t * _sigmoid(-x)
+    return n / d
+
+
+@_ratio.defjvp
+def _ratio_jvp(primals, tangents):
+    n, d = primals
+    dn, dd = tangents
+    ratio = n / d
+    return ratio, (dn - ratio * dd) / d
+
+
+def _sigmoid_parts(x):
+    """x >= 0, -|x|, e = exp(-|x|), log1p(e) and sigma(|x|) = 1 / (1 + e): one exp, one log1p and
+    one divide, from which every sigmoid quantity of the losses follows without cancellation:
+
+    softplus(x) = max(x, 0) + log1p(e),  softplus(-x) = max(-x, 0) + log1p(e),
+    sigma(|x|) = 1 / (1 + e),  sigma(-|x|) = e sigma(|x|).
+
+    JAX's derivative of abs at 0 is 1, the side that `is_positive` takes, so the second
+    derivative of the losses at x = 0 is right (a `minimum(x, -x)` would give 0 there).
+    """
+    is_positive = x >= 0.0
+    minus_abs = -jnp.abs(x)
+    e = jnp.exp(minus_abs)
+    log1p_e = jnp.log1p(e)
+    sigma_abs = 1.0 / (1.0 + e)
+    return is_positive, minus_abs, e, log1p_e, sigma_abs
+
+
+def _sigmoid_terms(x, t, w, q):
+    """Per-element sigmoid cross entropy and its gradient, with the weight w inside; see spec.
+
+    l = w [(1 - t) softplus(x) + q t softplus(-x)], dl/dx = w [(1 - t) sigma(x) - q t sigma(-x)],
+    all four from `_sigmoid_parts` (one exp, one log1p, one divide; the spec's form takes six).
+    The weight is inside so that a mean's 1 / N folds into it: XLA then fuses the whole loss
+    into one pass ending in the `where` below, where a scaling after it became a separate N x C
+    pass over a broadcast 1 / N on XLA:CPU.
+    """
+    is_positive, minus_abs, e, log1p_e, sigma_abs = _sigmoid_parts(x)
+    not_t = 1.0 - t
+    q_t = q * t
+    # -log(1 - sigma(x)) = softplus(x) = max(x, 0) + log1p(e), -log(sigma(x)) = softplus(-x);
+    # per sign of x, max(x, 0) where x < 0 too, so the unselected side stays finite at x = -inf
+    relu = jnp.where(is_positive, x, 0.0)
+    loss = jnp.where(
+        is_positive,
+        w * (not_t * (relu + log1p_e) + q_t * log1p_e),
+        w * (not_t * log1p_e + q_t * ((relu - x) + log1p_e)),
+    )
+    # sigma(x) and sigma(-x) are sigma(|x|) and sigma(-|x|) = e sigma(|x|), in the order of x's sign
+    sigma_minus_abs = e * sigma_abs
+    grad = jnp.where(
+        is_positive,
+        w * (not_t * sigma_abs - q_t * sigma_minus_abs),
+        w * (not_t * sigma_minus_abs - q_t * sigma_abs),
+    )
     return loss, grad
 
 
@@ -1138,8 +1200,13 @@ def _sigmoid_reduce(loss, reduction):
 def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
     reduction = _checks.reduction(reduction)
     x, t, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
-    loss = _sigmoid_cross_entropy_value(x, t, q)
-    return _sigmoid_reduce(w * loss, reduction).astype(_as_array(logits).dtype)
+    if reduction == "mean":
+        # each term divided before summing (a mean near the top of the range cannot overflow),
+        # through the weight (see _sigmoid_terms); the mean over no elements is 0
+        w = w / max(x.size, 1)
+        reduction = "sum"
+    loss = _sigmoid_cross_entropy_value(x, t, w, q).reshape(_as_array(logits).shape)
+    return _sigmoid_reduce(loss, reduction).astype(_as_array(logits).dtype)
 
 
 def sigmoid_cross_entropy(
@@ -1169,28 +1236,48 @@ def sigmoid_binary_cross_entropy(logits: ArrayLike, labels: ArrayLike) -> jax.Ar
     return optax.sigmoid_binary_cross_entropy(logits, labels)
 
 
-def _sigmoid_focal_terms(x, t, alpha, gamma):
+def _sigmoid_focal_terms(x, t, w, alpha, gamma):
     """Per-element sigmoid focal loss and its gradient (torchvision semantics); see spec.
 
-    l = alpha_t (1 - p_t)^gamma ce,
-    dl/dx = alpha_t (1 - p_t)^gamma [(p - t) + gamma ce (1 - 2t) r],  r = p (1 - p) / (1 - p_t).
+    l = w alpha_t (1 - p_t)^gamma ce,
+    dl/dx = w alpha_t (1 - p_t)^gamma [(p - t) + gamma ce (1 - 2t) r],  r = p (1 - p) / (1 - p_t),
+    with w a mean's 1 / N (else 1), inside for the reason `_sigmoid_terms` gives.
+
+    With e = exp(-|x|) and (a, b) = (1 - t, t) for x >= 0, (t, 1 - t) below, the spec's
+    1 - p_t = p (1 - t) + (1 - p) t is sigma(|x|) (a + e b), a sum of terms >= 0, so
+    log(1 - p_t) = log(a + e b) - log1p(e) and r = sigma(-|x|) / (a + e b): with
+    `_sigmoid_parts`, two exp, a log, two log1p and two divides in all (the spec's form: 17).
     """
-    ce, p_minus_t = _sigmoid_terms(x, t, 1.0)
-    # log p = -softplus(-x), log(1 - p) = -softplus(x)
-    log_p = -_softplus(-x)
-    log_not_p = -_softplus(x)
-    # log(1 - p_t) = logaddexp(log(1 - t) + log p, log t + log(1 - p)); log 0 = -inf drops a term
-    log_not_pt = jnp.logaddexp(_log1m(t) + log_p, jnp.log(t) + log_not_p)
+    is_positive, minus_abs, e, log1p_e, sigma_abs = _sigmoid_parts(x)
+    not_t = 1.0 - t
+    a = jnp.where(is_positive, not_t, t)
+    b = jnp.where(is_positive, t, not_t)
+    # log(a + e b), a + e b = 1 - b (1 - e) in (0, 1]: log1p(-b (1 - e)) near 1 (b (1 - e) <=
+    # 1/4: rounding a + e b would lose it there, and XLA:CPU's float64 log1p is inaccurate
+    # further down, see _log1m); log(a + e b) below; -|x| at a = 0 (then b = 1 and a + e b = e,
+    # which may underflow). Each unselected branch stays finite (double where).
+    z = b * (1.0 - e)
+    near_one = z <= 0.25
+    no_a = a == 0.0
+    y = a + e * b
+    log_y = jnp.where(
+        near_one,
+        jnp.log1p(-jnp.where(near_one, z, 0.0)),
+        jnp.where(no_a, minus_abs, jnp.log(jnp.where(near_one | no_a, 1.0, y))),
+    )
+    log_not_pt = log_y - log1p_e
     # (1 - p_t)^gamma; (1 - p_t)^0 = 1, also at p_t = 1 and for a traced gamma
     focal_weight = _power(log_not_pt, gamma)
     if alpha is None:
         alpha_t = jnp.ones_like(x)
     else:
         alpha_t = alpha * t + (1.0 - alpha) * (1.0 - t)
-    # r = p (1 - p) / (1 - p_t) <= 1; ce * r stays O(1) where gamma * ce alone overflows
-    r = jnp.exp(log_p + log_not_p - log_not_pt)
-    loss = alpha_t * focal_weight * ce
-    grad = alpha_t * focal_weight * (p_minus_t + gamma * (ce * r) * (1.0 - 2.0 * t))
+    # r = p (1 - p) / (1 - p_t) <= 1 (sigma(|x|) at a = 0); ce * r stays O(1) where gamma * ce
+    # alone overflows
+    r = jnp.where(no_a, sigma_abs, _ratio(e * sigma_abs, jnp.where(no_a, 1.0, y)))
+    # the cross entropy's terms with weight w alpha_t (1 - p_t)^gamma: the loss and its (p - t) part
+    loss, grad = _sigmoid_terms(x, t, w * alpha_t * focal_weight, 1.0)
+    grad = grad + gamma * (loss * r) * (1.0 - 2.0 * t)
     return loss, grad
 
 
@@ -1198,16 +1285,17 @@ def _sigmoid_focal_other_tangent(x, rest, tangents, *static):
     """Tangent along t, alpha and a traced gamma, closed form (log t is not differentiable at 0).
 
     With L = log(1 - p_t): dL/dt = (1 - 2p) / (1 - p_t), d ce/dt = -x, d alpha_t/dt = 2 alpha - 1,
-    d alpha_t/d alpha = 2t - 1, dl/dgamma = alpha_t (1 - p_t)^gamma L ce (0 where p_t = 1).
-    gamma is `static` (a Python number) or the third of `rest` (traced, with its tangent).
+    d alpha_t/d alpha = 2t - 1, dl/dgamma = alpha_t (1 - p_t)^gamma L ce (0 where p_t = 1), all
+    times the weight w. gamma is `static` (a Python number) or the fourth of `rest` (traced,
+    with its tangent).
     """
-    t, alpha, *traced = rest
-    dt, dalpha, *dtraced = tangents
+    t, w, alpha, *traced = rest
+    dt, dw, dalpha, *dtraced = tangents
     gamma = static[0] if static else traced[0]
-    loss, _ = _sigmoid_focal_terms(x, t, None, gamma)
+    loss, _ = _sigmoid_focal_terms(x, t, 1.0, None, gamma)
     tangent = jnp.zeros_like(x)
     if not _is_zero(dt):
-        ce, _ = _sigmoid_terms(x, t, 1.0)
+        ce, _ = _sigmoid_terms(x, t, 1.0, 1.0)
         log_not_pt = jnp.logaddexp(_log1m(t) - _softplus(-x), jnp.log(t) - _softplus(x))
         focal_weight = _power(log_not_pt, gamma)
         # d(m ce)/dt = m (d ce/dt + gamma ce dL/dt), ce / (1 - p_t) formed in log space
@@ -1230,6 +1318,11 @@ def _sigmoid_focal_other_tangent(x, rest, tangents, *static):
         alpha_t = 1.0 if alpha is None else alpha * t + (1.0 - alpha) * (1.0 - t)
         safe = jnp.where(log_not_pt == -jnp.inf, 0.0, log_not_pt)
         tangent = tangent + alpha_t * loss * safe * dtraced[0]
+    # the loss is linear in w (a constant 1 / N or 1, whose tangent is zero unless traced)
+    tangent = w * tangent
+    if not _is_zero(dw):
+        alpha_t = 1.0 if alpha is None else alpha * t + (1.0 - alpha) * (1.0 - t)
+        tangent = tangent + alpha_t * loss * dw
     return tangent
 
 
@@ -1253,10 +1346,14 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     x, t, _, _ = _sigmoid_inputs(logits, targets, None, None)
     if alpha is not None:
         alpha = _as_array(alpha).astype(x.dtype)
+    # a mean's 1 / N inside the terms, as in _sigmoid_cross_entropy; no elements: 0
+    w = jnp.asarray(1.0 / max(x.size, 1) if reduction == "mean" else 1.0, dtype=x.dtype)
+    reduction = "sum" if reduction == "mean" else reduction
     if _is_static(gamma):
-        loss = _sigmoid_focal_value(x, t, alpha, gamma)
+        loss = _sigmoid_focal_value(x, t, w, alpha, gamma)
     else:
-        loss = _sigmoid_focal_value_traced(x, t, alpha, gamma.astype(x.dtype))
+        loss = _sigmoid_focal_value_traced(x, t, w, alpha, gamma.astype(x.dtype))
+    loss = loss.reshape(_as_array(logits).shape)
     return _sigmoid_reduce(loss, reduction).astype(_as_array(logits).dtype)
 
 

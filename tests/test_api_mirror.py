@@ -72,6 +72,9 @@ BACKEND_EXTRAS = {
         "_at", "_shifted_sums", "_softmax_focal_terms_at", "_softmax_cross_entropy_terms_at",
         # closed-form tangents along the targets and alpha
         "_sigmoid_focal_other_tangent",
+        # one exp, log1p and divide shared by every sigmoid quantity of the sigmoid losses, and a
+        # quotient whose derivative does not overflow for tiny denominators (sigmoid focal r)
+        "_sigmoid_parts", "_ratio", "_ratio_jvp",
         # value checks without a host copy of accelerator data (docs/devices.md)
         "_on_host", "_check_alpha_values",
         # the fused linear losses: the block kernel, the row-block scan, the two custom_vjp

@@ -193,6 +193,22 @@ def test_extreme_inputs_give_finite_values_and_gradients(case, dtype):
         assert_judgement_ok(judgement, context)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize("gamma", [0.5, 2.0, 5.0])
+def test_sigmoid_focal_soft_targets_near_the_labels_meet_the_strict_standard(gamma, dtype):
+    # 1 - p_t near 1 (a confident logit, a soft target just off the other label), the region
+    # where jax_impl takes log(1 - p_t) as log1p(-b (1 - e)); the conformance cases' soft
+    # targets are multiples of 1/16. (log(1 - b (1 - e)) there is within the standard too: it
+    # forgives rounding 1 - t, docs/mutation.md)
+    x = np.array([[10.0, 20.0, 30.0, 3.0, -10.0, -20.0, -30.0, -3.0]] * 4)
+    t = np.array([1e-3, 1e-5, 2.0**-20, 0.1])[:, None] * np.ones_like(x)
+    t = np.where(x < 0, 1.0 - t, t)
+    options = {"gamma": gamma, "reduction": "none"}
+    x, t, value, grad = run("sigmoid_focal_loss", x, t, options, dtype)
+    judgement = judge("sigmoid_focal_loss", x, t, options, dtype, value, grad)
+    assert_judgement_ok(judgement, f"jax_impl.sigmoid_focal_loss({options})")
+
+
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 @pytest.mark.parametrize("kind", ["index", "prob"])

@@ -159,6 +159,104 @@ def test_hessian_matches_differences_of_the_spec_gradient(loss):
     )
 
 
+SIGMOID_HESSIAN_CALLS = [
+    ("sigmoid_cross_entropy", {}),
+    ("sigmoid_cross_entropy", {"pos_weight": 2.5}),
+    ("sigmoid_focal_loss", {"gamma": 0.5}),
+    ("sigmoid_focal_loss", {"gamma": 2.0, "alpha": 0.25}),
+]
+
+
+@pytest.mark.parametrize(("loss", "options"), SIGMOID_HESSIAN_CALLS)
+def test_sigmoid_hessian_at_and_near_zero_logits_matches_the_spec(loss, options):
+    # jax_impl's sigmoid parts come from exp(-|x|): the derivative of -|x| at x = 0 must be the
+    # one of the side the sign test takes (a symmetric one, 0, drops a term from the second
+    # derivative there); the sigmoid losses' Hessian is diagonal, compared with central
+    # differences of the spec's gradient
+    logits = np.array([[0.0, -0.0, 0.0, -0.0, 1e-3, -1e-3], [0.0, 2.0, -3.0, 0.0, 40.0, -40.0]])
+    targets = np.array([[1.0, 0.0, 0.3, 0.75, 1.0, 0.0], [0.5, 1.0, 0.0, 0.0625, 0.0, 1.0]])
+    spec_grad = getattr(spec, loss + "_grad")
+    h = 1e-5
+    up = spec_grad(logits + h, targets, reduction="none", **options)
+    down = spec_grad(logits - h, targets, reduction="none", **options)
+    expected = (up - down) / (2 * h)
+    with jax.enable_x64(True):
+        fn = getattr(jax_impl, loss)
+        hessian = jax.hessian(lambda x: fn(x, jnp.asarray(targets), reduction="sum", **options))(
+            jnp.asarray(logits)
+        )
+        diagonal = np.asarray(hessian).reshape(logits.size, logits.size).diagonal()
+    np.testing.assert_allclose(
+        diagonal.reshape(logits.shape), expected, rtol=1e-6, atol=1e-10,
+        err_msg=f"jax_impl.{loss}({options}) Hessian",
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("gamma", [0.0, 0.5, 2.0])
+def test_sigmoid_focal_hessian_is_finite_at_tiny_soft_targets(gamma, dtype):
+    # 1 - p_t ~ t = 1e-30 there: JAX's quotient rule for r = p (1 - p) / (1 - p_t) would form
+    # (1 - p_t)^-2, which overflows float32 (jax_impl's _ratio does not)
+    with jax.enable_x64(dtype == "float64"):
+        logits = jnp.asarray(
+            [[-90.0, -200.0, -1e30, 90.0, 0.0], [-30.0, -100.0, 5.0, 200.0, -1.0]], dtype
+        )
+        targets = jnp.asarray(
+            [[1e-30, 1e-30, 1e-30, 1.0, 1e-30], [1e-30, 1e-38, 1e-30, 1.0, 0.0]], dtype
+        )
+        hessian = jax.hessian(
+            lambda x: jax_impl.sigmoid_focal_loss(x, targets, gamma=gamma, reduction="sum")
+        )(logits)
+        assert bool(jnp.all(jnp.isfinite(hessian))), hessian
+
+
+@pytest.mark.parametrize("shape", [(4, 10), (4, 16), (2, 3, 5), (6, 1)])
+@pytest.mark.parametrize("loss", ["sigmoid_cross_entropy", "sigmoid_focal_loss"])
+def test_nan_or_inf_sigmoid_logit_gives_nan_in_that_element_only(loss, shape):
+    # DESIGN 5, in both layouts of jax_impl (a short last axis that is no multiple of 8 is
+    # flattened, see _sigmoid_inputs)
+    rng = np.random.default_rng(3)
+    logits = rng.normal(size=shape) * 3
+    targets = (rng.random(shape) < 0.5).astype(float)
+    fn = getattr(jax_impl, loss)
+    clean = np.asarray(fn(logits, targets, reduction="none"))
+    for bad in (np.nan, np.inf):
+        broken = logits.copy()
+        index = (0,) * (len(shape) - 1) + (shape[-1] - 1,)
+        broken[index] = bad
+        loss_ = np.asarray(fn(broken, targets, reduction="none"))
+        grad = np.asarray(jax.grad(lambda x: fn(x, targets, reduction="sum"))(jnp.asarray(broken)))
+        assert loss_.shape == shape
+        assert np.isnan(loss_[index]) and np.isnan(grad[index]), (bad, loss_[index], grad[index])
+        others = np.ones(shape, dtype=bool)
+        others[index] = False
+        np.testing.assert_array_equal(loss_[others], clean[others])
+        assert np.all(np.isfinite(grad[others]))
+
+
+@pytest.mark.parametrize("loss", ["sigmoid_cross_entropy", "sigmoid_focal_loss"])
+@pytest.mark.parametrize("shape", [(64, 10), (16, 1), (3, 4, 20), (16, 40)])
+def test_flattened_sigmoid_layout_gives_the_values_of_the_plain_one(loss, shape):
+    # shapes whose last axis is short and no multiple of 8 are computed flattened; the same
+    # elements with a last axis of 8 are not: the per-element losses and gradients agree
+    rng = np.random.default_rng(5)
+    logits = jnp.asarray(rng.normal(size=shape) * 4, jnp.float32)
+    targets = jnp.asarray(rng.random(shape), jnp.float32)
+    fn = getattr(jax_impl, loss)
+    value, grad = jax.value_and_grad(lambda x: fn(x, targets, reduction="sum"))(logits)
+    plain = (-1, 8)
+    value_8, grad_8 = jax.value_and_grad(lambda x: fn(x, targets.reshape(plain), reduction="sum"))(
+        logits.reshape(plain)
+    )
+    np.testing.assert_allclose(
+        np.asarray(fn(logits, targets, reduction="none")).reshape(plain),
+        np.asarray(fn(logits.reshape(plain), targets.reshape(plain), reduction="none")),
+        rtol=2e-7,
+    )
+    np.testing.assert_allclose(np.asarray(grad).reshape(plain), np.asarray(grad_8), rtol=2e-7)
+    np.testing.assert_allclose(float(value), float(value_8), rtol=1e-6)
+
+
 def test_gradient_of_ignored_rows_is_zero_even_for_nan_logits():
     logits = jnp.asarray([[jnp.nan, 0.0, 1.0], [0.0, 1.0, 2.0]])
     targets = jnp.asarray([-100, 2])
