@@ -67,6 +67,9 @@ def test_benchmark_command_runs_at_tiny_size(tmp_path):
     assert "| torch | softmax_cross_entropy | 16x7 |" in completed.stdout
     assert "| jax | sigmoid_focal_loss | 16x7 |" in completed.stdout
     results = json.loads(out.read_text())
+    # `--allocator kept` (the default): the module restarted itself with glibc keeping memory
+    assert results["allocator"].startswith("glibc allocator: freed memory kept"), results
+    assert "glibc allocator: freed memory kept" in completed.stdout
     assert len(results["time"]) == 2 * len(peers.LOSSES)
     assert all(math.isfinite(row["ratio"]) and row["ratio"] > 0 for row in results["time"])
     assert len(results["memory"]) == 2 * len(peers.LOSSES)
