@@ -1281,6 +1281,52 @@ def _sigmoid_focal_terms(x, t, w, alpha, gamma):
     return loss, grad
 
 
+def _log_softplus(y):
+    """log(softplus(y)), also where softplus(y) underflows: y itself below -40 (there
+    softplus(y) = e^y (1 - e^y / 2 + ...) and e^y is below every dtype's roundoff)."""
+    small = y < -40.0
+    return jnp.where(small, y, jnp.log(_softplus(jnp.where(small, 0.0, y))))
+
+
+def _sigmoid_focal_targets_tangent(x, t, w, alpha, gamma, loss):
+    """d l / d t of w times the sigmoid focal loss (`loss` is the one without w and alpha):
+
+      d l / d t = w {alpha_t [m (-x) + gamma m (ce / (1 - p_t)) (1 - 2p)] + (2 alpha - 1) m ce},
+
+    m = (1 - p_t)^gamma, 1 - 2p = tanh(-x / 2). Where 1 - p_t is a normal number, m and the
+    quotient ce / (1 - p_t) are formed directly (1 - p_t = sigma(|x|)(a + e b), as in
+    ``_sigmoid_focal_terms``); below that (a hard target on a confident logit, where m (-x) is
+    still a normal number for gamma < 1) from logs: log(1 - p_t) = logaddexp(log(1 - t) + log p,
+    log t + log(1 - p)), log ce = logaddexp(log(1 - t) + log softplus(x), log t +
+    log softplus(-x)). w and alpha_t scale each term first, so that no intermediate overflows
+    where the result does not. (torch_impl's ``_sigmoid_focal_targets_grad``.)
+    """
+    ce, _ = _sigmoid_terms(x, t, 1.0, 1.0)
+    is_positive, _, e, _, sigma_abs = _sigmoid_parts(x)
+    not_t = 1.0 - t
+    not_pt = sigma_abs * (jnp.where(is_positive, not_t, t) + e * jnp.where(is_positive, t, not_t))
+    normal = not_pt >= jnp.finfo(x.dtype).tiny
+    safe_not_pt = jnp.where(normal, not_pt, 1.0)
+    log_t = jnp.log(t)
+    log_not_pt = jnp.logaddexp(_log1m(t) - _softplus(-x), log_t - _softplus(x))
+    scale = w if alpha is None else w * (alpha * t + (1.0 - alpha) * not_t)
+    if _is_static(gamma) and gamma == 0.0:
+        return (scale * -x) + (0.0 if alpha is None else w * (2.0 * alpha - 1.0) * loss)
+    focal_weight = jnp.where(normal, jnp.power(safe_not_pt, gamma), _power(log_not_pt, gamma))
+    log_ce = jnp.logaddexp(_log1m(t) + _log_softplus(x), log_t + _log_softplus(-x))
+    no_ce = log_ce == -jnp.inf
+    ratio = jnp.where(
+        normal,
+        ce / safe_not_pt,
+        jnp.where(no_ce, 0.0, jnp.exp(jnp.where(no_ce, 0.0, log_ce - log_not_pt))),
+    )
+    tangent = (scale * -x) * focal_weight
+    tangent = tangent + (scale * gamma) * focal_weight * ratio * jnp.tanh(-x / 2.0)
+    if alpha is not None:
+        tangent = tangent + (w * (2.0 * alpha - 1.0)) * loss
+    return tangent
+
+
 def _sigmoid_focal_other_tangent(x, rest, tangents, *static):
     """Tangent along t, alpha and a traced gamma, closed form (log t is not differentiable at 0).
 
@@ -1294,23 +1340,9 @@ def _sigmoid_focal_other_tangent(x, rest, tangents, *static):
     gamma = static[0] if static else traced[0]
     loss, _ = _sigmoid_focal_terms(x, t, 1.0, None, gamma)
     tangent = jnp.zeros_like(x)
+    along_t = None
     if not _is_zero(dt):
-        ce, _ = _sigmoid_terms(x, t, 1.0, 1.0)
-        log_not_pt = jnp.logaddexp(_log1m(t) - _softplus(-x), jnp.log(t) - _softplus(x))
-        focal_weight = _power(log_not_pt, gamma)
-        # d(m ce)/dt = m (d ce/dt + gamma ce dL/dt), ce / (1 - p_t) formed in log space
-        d_loss_dt = -x * focal_weight
-        if not (_is_static(gamma) and gamma == 0.0):
-            has_ce = ce > 0.0
-            ratio = jnp.where(
-                has_ce, jnp.exp(jnp.log(jnp.where(has_ce, ce, 1.0)) - log_not_pt), 0.0
-            )
-            # 1 - 2 sigma(x) = tanh(-x / 2)
-            d_loss_dt = d_loss_dt + gamma * focal_weight * ratio * jnp.tanh(-x / 2.0)
-        if alpha is not None:
-            alpha_t = alpha * t + (1.0 - alpha) * (1.0 - t)
-            d_loss_dt = alpha_t * d_loss_dt + (2.0 * alpha - 1.0) * loss
-        tangent = tangent + d_loss_dt * dt
+        along_t = _sigmoid_focal_targets_tangent(x, t, w, alpha, gamma, loss) * dt
     if not _is_zero(dalpha):
         tangent = tangent + (2.0 * t - 1.0) * loss * dalpha
     if dtraced and not _is_zero(dtraced[0]):
@@ -1320,6 +1352,8 @@ def _sigmoid_focal_other_tangent(x, rest, tangents, *static):
         tangent = tangent + alpha_t * loss * safe * dtraced[0]
     # the loss is linear in w (a constant 1 / N or 1, whose tangent is zero unless traced)
     tangent = w * tangent
+    if along_t is not None:
+        tangent = tangent + along_t
     if not _is_zero(dw):
         alpha_t = 1.0 if alpha is None else alpha * t + (1.0 - alpha) * (1.0 - t)
         tangent = tangent + alpha_t * loss * dw

@@ -1513,8 +1513,12 @@ class _SigmoidLoss(torch.autograd.Function):
         if needs_grad[0]:
             grads[0] = ctx.loss_or_grad(*saved, *ctx.options, grad_loss)
         wrt = [i for i in range(1, len(saved)) if needs_grad[i]]
+        full = grad_loss.expand(logits.shape) if ctx.reduce else grad_loss
+        closed_form = _TARGETS_GRAD.get(ctx.loss_or_grad)
+        if closed_form is not None and 1 in wrt:
+            grads[1] = closed_form(*saved, *ctx.options, full)
+            wrt.remove(1)
         if wrt:
-            full = grad_loss.expand(logits.shape) if ctx.reduce else grad_loss
             other_grads = _other_input_grads(ctx.loss_or_grad, saved, ctx.options, wrt, full)
             for i, grad in zip(wrt, other_grads, strict=True):
                 grads[i] = grad
@@ -1664,6 +1668,63 @@ def _sigmoid_focal_loss_or_grad(logits, targets, gamma, alpha, grad_loss):
     grad_loss = None if grad_loss is None else grad_loss.to(x.dtype)
     result = _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss)
     return result if grad_loss is None else result.to(logits.dtype)
+
+
+def _log_softplus(y):
+    """log(softplus(y)), also where softplus(y) underflows: y itself below -40 (there
+    softplus(y) = e^y (1 - e^y / 2 + ...) and e^y is below every dtype's roundoff)."""
+    small = y < -40.0
+    return torch.where(small, y, torch.log(_softplus(torch.where(small, 0.0, y))))
+
+
+def _sigmoid_focal_targets_grad(logits, targets, gamma, alpha, grad_loss):
+    """d loss / d t of the sigmoid focal loss in closed form, times `grad_loss` (as jax_impl's
+    ``_sigmoid_focal_other_tangent``; the targets' gradient in ``_SigmoidLoss``).
+
+    With m = (1 - p_t)^gamma and ce the cross entropy,
+      d l / d t = alpha_t [m (-x) + gamma m (ce / (1 - p_t)) (1 - 2p)] + (2 alpha - 1) m ce,
+    1 - 2p = tanh(-x / 2). Where 1 - p_t is a normal number, m = pow(1 - p_t, gamma) and the
+    quotient ce / (1 - p_t) are formed directly (1 - p_t = lerp(p, 1 - p, t), as in forward).
+    Below that (a hard target on a confident logit, where m (-x) is still a normal number for
+    gamma < 1, and where the vector-Jacobian product of the forward formula, through a subnormal
+    or clamped 1 - p_t, was off by 4x-560x) both come from logs: log(1 - p_t) =
+    logaddexp(log(1 - t) + log p, log t + log(1 - p)), log ce = logaddexp(log(1 - t) +
+    log softplus(x), log t + log softplus(-x)).
+    """
+    x = logits.to(_compute_dtype(logits.dtype))
+    t = targets.to(x.dtype)
+    ce = _sigmoid_terms(x, t, None, None, None)
+    not_pt = torch.lerp(_sigmoid(x), _sigmoid(-x), t)
+    normal = not_pt >= torch.finfo(x.dtype).tiny
+    safe_not_pt = torch.where(normal, not_pt, 1.0)
+    # log t and log(1 - t), -inf at the labels (double where: no 1 / 0 in second order)
+    has_t = t > 0.0
+    log_t = torch.where(has_t, torch.log(torch.where(has_t, t, 1.0)), -math.inf)
+    has_not_t = t < 1.0
+    log_not_t = torch.where(has_not_t, torch.log1p(-torch.where(has_not_t, t, 0.0)), -math.inf)
+    log_not_pt = torch.logaddexp(log_not_t - _softplus(-x), log_t - _softplus(x))
+    # alpha_t and the incoming gradient scale each term first: no intermediate overflows where
+    # the result does not
+    grad_loss = grad_loss.to(x.dtype)
+    scale = grad_loss if alpha is None else (alpha * t + (1.0 - alpha) * (1.0 - t)) * grad_loss
+    if gamma == 0.0:
+        focal_weight = torch.ones_like(x)
+    else:
+        focal_weight = torch.where(
+            normal, torch.pow(safe_not_pt, gamma), torch.exp(gamma * log_not_pt)
+        )
+    grad = (scale * -x) * focal_weight
+    if gamma != 0.0:
+        log_ce = torch.logaddexp(log_not_t + _log_softplus(x), log_t + _log_softplus(-x))
+        ratio = torch.where(normal, ce / safe_not_pt, torch.exp(log_ce - log_not_pt))
+        grad = grad + (scale * gamma) * focal_weight * ratio * torch.tanh(-x / 2.0)
+    if alpha is not None:
+        grad = grad + ((2.0 * alpha - 1.0) * grad_loss) * (focal_weight * ce)
+    return grad.to(targets.dtype)
+
+
+# the targets' gradient of these losses in closed form (the others: autograd of the forward)
+_TARGETS_GRAD = {_sigmoid_focal_loss_or_grad: _sigmoid_focal_targets_grad}
 
 
 def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):

@@ -70,8 +70,9 @@ BACKEND_EXTRAS = {
         "_log1m",
         # the gather path for class-index targets
         "_at", "_shifted_sums", "_softmax_focal_terms_at", "_softmax_cross_entropy_terms_at",
-        # closed-form tangents along the targets and alpha
-        "_sigmoid_focal_other_tangent",
+        # closed-form tangents along the targets and alpha (the targets' one exact where
+        # 1 - p_t is below the smallest normal: log softplus without underflow)
+        "_sigmoid_focal_other_tangent", "_sigmoid_focal_targets_tangent", "_log_softplus",
         # one exp, log1p and divide shared by every sigmoid quantity of the sigmoid losses, and a
         # quotient whose derivative does not overflow for tiny denominators (sigmoid focal r)
         "_sigmoid_parts", "_ratio", "_ratio_jvp",
@@ -101,8 +102,9 @@ BACKEND_EXTRAS = {
         "_addcmul", "_sigmoid_cross_entropy_or_grad", "_sigmoid_focal_loss_or_grad",
         # sigma(+-x) in one kernel each, no negated copy (the fast path's two sigmoids)
         "_scaled_sigmoid", "_sigmoids",
-        # the sigmoid losses' Function: the sum in forward, NaN gradients at +inf logits
-        "_SigmoidLoss", "_posinf_to_nan",
+        # the sigmoid losses' Function: the sum in forward, NaN gradients at +inf logits, and the
+        # focal loss's target gradient in closed form (exact where 1 - p_t is subnormal)
+        "_SigmoidLoss", "_posinf_to_nan", "_sigmoid_focal_targets_grad", "_log_softplus",
         # the deprecated size_average/reduce arguments of the torch drop-ins
         "_legacy_reduction",
         # value checks without a host sync on accelerators (docs/devices.md)
