@@ -706,8 +706,9 @@ class _SoftmaxAtTarget(torch.autograd.Function):
     def forward(z, y, a_y, keep, gamma):
         p = torch.softmax(z, dim=-1)
         p_y = p.gather(-1, y)
-        on_host = _inplace(p, y) and _reads_on_host(p)
-        if _inplace(p, y):
+        inplace = _inplace(p, y)
+        on_host = inplace and _reads_on_host(p)
+        if inplace:
             # the target's entry out, summed, put back: one pass over p, no temporary
             r = p.scatter_(-1, y, 0.0).sum(dim=-1, keepdim=True)
             p.scatter_(-1, y, p_y)
@@ -1694,7 +1695,7 @@ def _sigmoid_focal_targets_grad(logits, targets, gamma, alpha, grad_loss):
     x = logits.to(_compute_dtype(logits.dtype))
     t = targets.to(x.dtype)
     ce = _sigmoid_terms(x, t, None, None, None)
-    not_pt = torch.lerp(_sigmoid(x), _sigmoid(-x), t)
+    not_pt = torch.lerp(*_sigmoids(x, False), t)
     normal = not_pt >= torch.finfo(x.dtype).tiny
     safe_not_pt = torch.where(normal, not_pt, 1.0)
     # log t and log(1 - t), -inf at the labels (double where: no 1 / 0 in second order)
