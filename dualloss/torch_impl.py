@@ -446,6 +446,27 @@ def _with_closed_form_grad(loss_or_grad, num_saved):
     return value
 
 
+def _frees_saved_tensors() -> bool:
+    """In a backward: True when the graph is released after it (no ``retain_graph``, no
+    ``create_graph``), so that a saved temporary of our own may be overwritten by the gradient.
+    Outside a backward, under torch.compile and where torch does not say: False (AOTAutograd asks
+    torch the same question)."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return False
+    keep_graph = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
+    return keep_graph is not None and not keep_graph()
+
+
+def _saved_tensors_are_private() -> bool:
+    """In a forward: True when no ``saved_tensors_hooks`` are active, so that what the function
+    saves stays its own (a pack hook may keep the very tensor, to offload or inspect it); False
+    under torch.compile, which does not run our backward eagerly."""
+    if torch.compiler.is_compiling():
+        return False
+    top_hooks = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top_hooks is not None and top_hooks(False) is None
+
+
 def _inplace(*tensors):
     """In-place updates of fresh temporaries are safe: not when autograd records the backward
     (create_graph=True) or when torch.func may batch one operand and not the other."""
@@ -769,18 +790,26 @@ class _SoftmaxAtTarget(torch.autograd.Function):
         _, p, r = output
         ctx.save_for_backward(p, r, y, a_y)
         ctx.gamma = gamma
+        ctx.p_is_private = _saved_tensors_are_private()
         ctx.set_materialize_grads(False)
 
     @staticmethod
     def backward(ctx, grad_loss, grad_p, grad_r):
         p, r, y, a_y = ctx.saved_tensors
+        # p is ours (an output nobody else holds, no pack hook kept it): once this backward is the
+        # graph's last, the gradient may overwrite it, unless a gradient through p still reads it
+        reuse_p = ctx.p_is_private and grad_p is None and grad_r is None and _frees_saved_tensors()
         grad = None
         if grad_loss is not None and ctx.gamma == 0.0:
             # cross entropy: p_j c off the target, -(1 - p_y) c = -r k c at it (k below)
             k = 1.0 / (p.gather(-1, y) + r)
             coefficient = grad_loss.unsqueeze(-1) if a_y is None else grad_loss.unsqueeze(-1) * a_y
             scale = coefficient * k
-            if _inplace(p, scale) and not torch.is_grad_enabled():
+            if reuse_p and _inplace(p, scale):
+                # the gradient written over the saved p: one read and one write of N x C
+                # (detached: p, an output of this function, carries its graph)
+                grad = p.detach().mul_(scale).scatter_(-1, y, (r * scale).neg_())
+            elif _inplace(p, scale):
                 grad = torch.mul(p, scale).scatter_(-1, y, (r * scale).neg_())
             else:
                 grad = (p * scale).scatter(-1, y, -(r * scale))
@@ -804,7 +833,9 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             p_top = torch.where(is_top, p_y, 1.0)
             v, not_p_y, _ = _target_rows(p_y, log_p_y, r, p_top, is_top, a_y, ctx.gamma)
             coefficient = grad_loss.unsqueeze(-1) * v
-            if _inplace(p, coefficient) and not torch.is_grad_enabled():
+            if reuse_p and _inplace(p, coefficient):
+                grad = p.detach().mul_(coefficient * k).scatter_(-1, y, -not_p_y * coefficient)
+            elif _inplace(p, coefficient):
                 grad = torch.mul(p, coefficient * k).scatter_(-1, y, -not_p_y * coefficient)
             else:
                 grad = (p * (coefficient * k)).scatter(-1, y, -not_p_y * coefficient)

@@ -91,7 +91,8 @@ BACKEND_EXTRAS = {
         # torch.autocast runs the losses in float32; the kept elements (ignore_index, `where`)
         "_autocast_float32", "_softmax_keep",
         # the autograd.Function adapter and its in-place rule
-        "_ClosedFormGrad", "_with_closed_form_grad", "_inplace",
+        "_ClosedFormGrad", "_with_closed_form_grad", "_inplace", "_frees_saved_tensors",
+        "_saved_tensors_are_private",
         # gradients w.r.t. targets, weights and alpha: autograd through the forward formula
         "_other_input_grads",
         # the row statistics shared by the dense and the sparse path

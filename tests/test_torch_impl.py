@@ -553,7 +553,8 @@ def test_saves_nothing_beyond_its_inputs(loss):
 def test_class_index_path_keeps_the_probabilities_once_and_not_the_logits(loss):
     """Class indices without smoothing (the fast path): what backward keeps is one tensor the
     size of the logits (the probabilities) plus O(N), never the logits themselves, and a second
-    backward (retain_graph) gives the same gradient (the saved tensor is not changed in place)."""
+    backward (retain_graph) gives the same gradient: the gradient is written over the saved
+    probabilities only in the graph's last backward, and it never carries a graph of its own."""
     logits = torch.randn(64, 10, requires_grad=True)
     targets = torch.randint(0, 10, (64,))
     targets[5] = -100
@@ -571,10 +572,19 @@ def test_class_index_path_keeps_the_probabilities_once_and_not_the_logits(loss):
     assert [tuple(x.shape) for x in big] == [(64, 10)], [x.shape for x in saved]
     # p, then r, y, a_y (one value per row each) and the mean's scalars
     assert sum(x.numel() for x in storages.values()) <= 64 * 10 + 4 * 64 + 8
+    # what a pack hook kept is left as it was saved, also by the graph's last backward
+    (through_hooks,) = torch.autograd.grad(value, logits)
+    torch.testing.assert_close(big[0], torch.softmax(logits, 1), rtol=0.0, atol=0.0)
+    value = getattr(ti, loss)(logits, targets)
     (first,) = torch.autograd.grad(value, logits, retain_graph=True)
-    (second,) = torch.autograd.grad(value, logits)
-    assert torch.equal(first, second)
+    (second,) = torch.autograd.grad(value, logits, retain_graph=True)
+    value.backward()
+    assert torch.equal(first, second) and torch.equal(first, logits.grad)
+    assert torch.equal(first, through_hooks)
+    assert not logits.grad.requires_grad and logits.grad.grad_fn is None
     assert torch.equal(first[5], torch.zeros(10)) and first.abs().sum() > 0
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        value.backward()
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf])
