@@ -695,17 +695,31 @@ def _target_rows(p_y, log_p_y, q, p_top, is_top, a_y, gamma):
     return v if a_y is None else a_y * v, not_p_y, focal_weight
 
 
+def _sum_except_target(p, y, p_y, inplace):
+    """r = sum_{j != y} p_j ([..., 1]): the target's entry zeroed, p summed and (in place) the
+    entry put back; one pass over p, no temporary when `inplace`."""
+    zero = torch.zeros_like(p_y)  # a tensor: torch's scatter_ of a number is 3x slower at C ~ 10
+    if not inplace:
+        return p.scatter(-1, y, zero).sum(dim=-1, keepdim=True)
+    r = p.scatter_(-1, y, zero).sum(dim=-1, keepdim=True)
+    p.scatter_(-1, y, p_y)
+    return r
+
+
 class _SoftmaxAtTarget(torch.autograd.Function):
     """Softmax CE / focal loss with class-index targets, no label smoothing: the fast path.
 
     forward(z, y, a_y, keep, gamma) with z the class-last logits (float32 or float64), y and a_y
     of shape [..., 1], keep [...] or None, returns (loss [...], p [..., C], r [..., 1]). Two
-    passes over N x C in forward (torch's fused softmax, then the row sum of p with the target's
-    entry left out) and one in backward (p times one number per row, then the target's entry):
-    the backward recomputes nothing. The saved tensor is p (the size of the logits; the logits
-    themselves are not kept).
+    passes over N x C in forward (torch's fused softmax, then the row sum of p) and one in
+    backward (p times one number per row, then the target's entry): the backward recomputes
+    nothing, and in the graph's last backward it writes the gradient over p. The saved tensor is
+    p (the size of the logits; the logits themselves are not kept).
 
-    r = sum_{j != y} p_j is 1 - p_y without cancellation, in every row, so
+    r = sum_{j != y} p_j is 1 - p_y without cancellation: where the target does not dominate its
+    row (r >= p_y) the row sum less p_y, which loses under one ULP of r to the subtraction; where
+    it does, the row summed with the target's entry left out (on the CPU those rows only, found
+    from N values; elsewhere every row that way). So in every row
 
       log p_y = -log1p(s),  s = r / p_y = sum_{j != y} exp(z_j - z_y),   1 - p_y = r / (p_y + r):
 
@@ -729,12 +743,19 @@ class _SoftmaxAtTarget(torch.autograd.Function):
         p_y = p.gather(-1, y)
         inplace = _inplace(p, y)
         on_host = inplace and _reads_on_host(p)
-        if inplace:
-            # the target's entry out, summed, put back: one pass over p, no temporary
-            r = p.scatter_(-1, y, 0.0).sum(dim=-1, keepdim=True)
-            p.scatter_(-1, y, p_y)
+        if on_host:
+            # where the target does not dominate its row (r >= p_y) the row sum less p_y loses
+            # under one ULP of r; where it does, the others are summed apart, on those rows only
+            r = p.sum(dim=-1, keepdim=True) - p_y
+            dominant = (p_y > r).squeeze(-1)
+            count = int(dominant.count_nonzero())
+            if 4 * count > dominant.numel():
+                r = _sum_except_target(p, y, p_y, inplace=True)
+            elif count > 0:
+                rows = dominant.nonzero(as_tuple=True)  # found once, for every gather below
+                r[rows] = _sum_except_target(p[rows], y[rows], p_y[rows], inplace=True)
         else:
-            r = p.scatter(-1, y, 0.0).sum(dim=-1, keepdim=True)
+            r = _sum_except_target(p, y, p_y, inplace)
         if keep is not None:
             # an ignored row with a NaN or inf logit has a NaN softmax; its gradient is 0 (p * 0
             # would be NaN), so its p becomes 0 and r 1 (a finite p_y + r): on the CPU only when
@@ -750,8 +771,8 @@ class _SoftmaxAtTarget(torch.autograd.Function):
         # log p_y = (z_y - z_top) + log(p_top / (p_y + r)) from the logits
         small = p_y < torch.finfo(p.dtype).tiny
         if on_host:
-            rows = small.squeeze(-1)
-            if bool(rows.any()):
+            if bool(small.any()):
+                rows = small.squeeze(-1).nonzero(as_tuple=True)
                 z_rows, p_rows = z[rows], p[rows]
                 log_p_y[rows] = (
                     z_rows.gather(-1, y[rows]) - z_rows.amax(dim=-1, keepdim=True)

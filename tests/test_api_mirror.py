@@ -98,7 +98,8 @@ BACKEND_EXTRAS = {
         # the row statistics shared by the dense and the sparse path
         "_row_stats", "_softmax_focal_terms_sparse", "_softmax_loss_or_grad",
         # the class-index fast path: torch's fused softmax, the gradient from the saved p alone
-        "_SoftmaxAtTarget", "_target_rows", "_softmax_at_target", "_at_target",
+        "_SoftmaxAtTarget", "_sum_except_target", "_target_rows", "_softmax_at_target",
+        "_at_target",
         # fused element-wise kernels and the loss-or-gradient bodies of the sigmoid losses
         "_addcmul", "_sigmoid_cross_entropy_or_grad", "_sigmoid_focal_loss_or_grad",
         # sigma(+-x) in one kernel each, no negated copy (the fast path's two sigmoids)

@@ -663,6 +663,39 @@ def test_fast_path_branches_on_host_and_masked_meet_the_spec(loss, dtype, on_hos
         assert torch.equal(grad[7], torch.zeros_like(grad[7]))
 
 
+@pytest.mark.parametrize("share", [0.0, 0.125, 0.5, 1.0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("loss", SOFTMAX)
+def test_fast_path_sums_the_others_apart_where_the_target_dominates(loss, dtype, share):
+    """On the CPU the fast path forms r = 1 - p_y as the row sum less p_y where the target does
+    not dominate its row (r >= p_y), and sums the other classes apart where it does: on those
+    rows alone when they are under a quarter of the batch, on every row otherwise. Rows at the
+    boundary (p_y within 1e-4 of 1/2, on either side) and far beyond it (loss ~ 1e-17) meet the
+    spec under the strict standard with every share of dominant rows, value and gradient."""
+    rng = np.random.default_rng(7)
+    n, c = 64, 33
+    logits = rng.standard_normal((n, c))
+    targets = rng.integers(0, c, n)
+    rows = np.arange(n)
+    others = logits.copy()
+    others[rows, targets] = -np.inf
+    log_others = np.log(np.exp(others).sum(axis=1))
+    # margin of z_y over log sum_{j != y} exp(z_j): p_y = 1 / (1 + exp(-margin))
+    margin = np.where(rng.random(n) < share, rng.uniform(1e-3, 40.0, n), rng.uniform(-6.0, 0.0, n))
+    margin[:8] = rng.uniform(-4e-4, 4e-4, 8)
+    logits[rows, targets] = log_others + margin
+    options = {"gamma": 0.5} if losses.get(loss).is_focal else {}
+    x = torch.tensor(logits, dtype=dtype, requires_grad=True)
+    value = getattr(ti, loss)(x, torch.tensor(targets), reduction="none", **options)
+    (grad,) = torch.autograd.grad(value.sum(), x)
+    result = judge(loss, logits, targets, dict(options, reduction="none"), dtype,
+                   value.detach().double().numpy())  # fmt: skip
+    assert result.ok, result
+    summed = judge(loss, logits, targets, dict(options, reduction="sum"), dtype,
+                   value.detach().sum().double().numpy(), grad.double().numpy())  # fmt: skip
+    assert summed.ok, summed
+
+
 # ----------------------------------------------------------------------------------------------
 # Drop-ins against torch itself
 # ----------------------------------------------------------------------------------------------
