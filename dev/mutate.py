@@ -121,16 +121,15 @@ MUTATIONS = (
     ),
     Mutation(
         "torch_impl", "softmax_cross_entropy", "1 - p_y at the top formed as 1 - p_y (fast path)",
-        "                grad = torch.mul(p, scale).scatter_(-1, y, (r * scale).neg_())\n",
-        "                grad = torch.mul(p, scale).scatter_(\n"
+        "                grad = p.detach().mul_(scale).scatter_(-1, y, (r * scale).neg_())\n",
+        "                grad = p.detach().mul_(scale).scatter_(\n"
         "                    -1, y, ((1.0 - p.gather(-1, y) * k) * scale).neg_()\n"
         "                )\n",
     ),
     Mutation(
-        "torch_impl", "softmax_cross_entropy", "1 - p_y as the row sum less p_y (fast path)",
-        "            r = p.scatter_(-1, y, 0.0).sum(dim=-1, keepdim=True)\n"
-        "            p.scatter_(-1, y, p_y)\n",
-        "            r = p.sum(dim=-1, keepdim=True) - p_y\n",
+        "torch_impl", "softmax_cross_entropy", "1 - p_y as the row sum less p_y in every row",
+        "            count = int(dominant.count_nonzero())\n",
+        "            count = 0\n",
     ),
     Mutation(
         "torch_impl", "softmax_focal_loss", "an underflowed p_y's log from p_y alone (fast path)",
@@ -169,6 +168,12 @@ MUTATIONS = (
         "_ratio(e * sigma_abs, jnp.where(no_a, 1.0, y))",
         "e * sigma_abs / jnp.where(no_a, 1.0, y)",
         "tiny_soft_targets", "tests/test_jax_transforms.py",
+    ),
+    Mutation(
+        "torch_impl", "softmax_cross_entropy", "1 - p_y as 1 - p_y where not dominant (no row sum)",
+        "            r = p.sum(dim=-1, keepdim=True) - p_y\n",
+        "            r = 1.0 - p_y\n",
+        own_tests="sums_the_others_apart",
     ),
 )  # fmt: skip
 
