@@ -201,3 +201,32 @@ def test_benchmark_pair_computes_the_spec_loss(loss, framework):
     name = f"{framework} {loss}"
     np.testing.assert_allclose(candidate, expected, rtol=rtol, err_msg=f"dualloss, {name}")
     np.testing.assert_allclose(peer, expected_peer, rtol=rtol, err_msg=f"peer, {name}")
+
+
+def test_softmax_floor_is_a_cross_entropy_and_its_command_runs():
+    """``benchmarks.softmax_floor``'s measuring stick computes F.cross_entropy's value and
+    gradient (on inputs without confident rows), so its time is that of a cross entropy; its
+    command prints one row per shape."""
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks import softmax_floor
+
+    logits = torch.randn(32, 9, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 9, (32,))
+    value = softmax_floor._floor_function()(logits, targets)
+    (grad,) = torch.autograd.grad(value, logits)
+    reference = logits.detach().clone().requires_grad_(True)
+    expected = F.cross_entropy(reference, targets)
+    expected.backward()
+    torch.testing.assert_close(value, expected, rtol=1e-13, atol=0.0)
+    torch.testing.assert_close(grad, reference.grad, rtol=1e-12, atol=1e-15)
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.softmax_floor", "--shapes", "16x7", "--reps", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = [line for line in completed.stdout.splitlines() if line.startswith("| 16x7 |")]
+    assert len(rows) == 1 and "allocator: freed memory kept" in completed.stdout, completed.stdout
