@@ -173,7 +173,7 @@ MUTATIONS = (
         "torch_impl", "softmax_cross_entropy", "1 - p_y as 1 - p_y where not dominant (no row sum)",
         "            r = p.sum(dim=-1, keepdim=True) - p_y\n",
         "            r = 1.0 - p_y\n",
-        own_tests="sums_the_others_apart",
+        own_tests="renormalises_softmax",
     ),
 )  # fmt: skip
 
