@@ -175,6 +175,24 @@ MUTATIONS = (
         "            r = 1.0 - p_y\n",
         own_tests="renormalises_softmax",
     ),
+    Mutation(
+        "jax_impl", "softmax_cross_entropy", "s never summed apart from 33 classes on (lax.cond)",
+        "        s = jax.lax.cond(jnp.any(needs), others,",
+        "        s = jax.lax.cond(jnp.any(needs) & False, others,",
+        "any_class_count", "tests/test_strict.py",
+    ),
+    Mutation(
+        "jax_impl", "softmax_cross_entropy", "flushed subnormal classes summed as they are",
+        "    s = jax.lax.cond(jnp.any(tiny), rescaled,",
+        "    s = jax.lax.cond(jnp.any(tiny) & False, rescaled,",
+        "any_class_count", "tests/test_strict.py",
+    ),
+    Mutation(
+        "jax_impl", "softmax_focal_loss", "log(1 - p_top) as log s - log1p(s) also at s >= 1",
+        "        from_s = at_top & (s < 1.0)\n",
+        "        from_s = at_top\n",
+        "any_class_count", "tests/test_strict.py",
+    ),
 )  # fmt: skip
 
 

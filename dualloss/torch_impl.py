@@ -507,8 +507,8 @@ def _log_softmax(z):
     Only the largest logit (the "top" class, first one on ties) can have p > 1/2. With
     s = sum_{j != top} exp(z_j - z_top), the normaliser is 1 + s exactly, so
       log p_c       = (z_c - z_top) - log1p(s)
-      log(1 - p_top) = log(s) - log1p(s),  log s = logsumexp_{j != top} (z_j - z_top)
-      log(1 - p_c)  = log1p(-p_c) for every other class (p_c <= 1/2, no cancellation).
+      log(1 - p_top) = log(s) - log1p(s),  log s = logsumexp_{j != top} (z_j - z_top), when s < 1
+      log(1 - p_c)  = log1p(-p_c) for every other class and a top with s >= 1 (p_c <= 1/2).
     """
     num_classes = z.shape[-1]
     z_top, top, shifted, s, log1p_s, log_s = _row_stats(z)
@@ -519,8 +519,11 @@ def _log_softmax(z):
     p = torch.exp(shifted) / (1.0 + s)
     # 1 - p_top = s / (1 + s), never formed as 1 - p
     not_p = torch.where(is_top, s / (1.0 + s), 1.0 - p)
+    # log s - log1p(s) at a top with s < 1 (two numbers of opposite sign); log1p(-p) elsewhere,
+    # also at a top with s >= 1 (p <= 1/2), where the two logarithms would cancel (as spec);
     # double where: log1p(-p) is -inf at the top when p rounds to 1
-    log_not_p = torch.where(is_top, log_s - log1p_s, torch.log1p(-torch.where(is_top, 0.0, p)))
+    from_s = is_top & (s < 1.0)
+    log_not_p = torch.where(from_s, log_s - log1p_s, torch.log1p(-torch.where(from_s, 0.0, p)))
     return log_p, log_not_p, p, not_p, is_top, s, log1p_s
 
 
@@ -609,8 +612,11 @@ def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss):
     p = torch.exp(log_p)
     # 1 - p_top = s / (1 + s), never formed as 1 - p (exp(-log1p_s) carries a NaN row along)
     not_p = torch.where(is_top, s * torch.exp(-log1p_s), 1.0 - p)
+    # log s - log1p(s) at a top with s < 1 (two numbers of opposite sign); log1p(-p) elsewhere,
+    # also at a top with s >= 1 (p <= 1/2), where the two logarithms would cancel (as spec);
     # double where: log1p(-p) is -inf at the top when p rounds to 1
-    log_not_p = torch.where(is_top, log_s - log1p_s, torch.log1p(-torch.where(is_top, 0.0, p)))
+    from_s = is_top & (s < 1.0)
+    log_not_p = torch.where(from_s, log_s - log1p_s, torch.log1p(-torch.where(from_s, 0.0, p)))
     if gamma == 0.0:
         # (1 - p)^0 = 1, also at p = 1
         focal_weight = None

@@ -114,6 +114,53 @@ def test_every_margin_to_the_dtypes_range_meets_the_strict_standard(backend, nam
     assert judgement.ok, judgement.nonfinite + judgement.inaccurate
 
 
+def _mixed_confidence_rows(n_classes: int, dtype: str):
+    """Rows at every margin whose target is the top class (the loss is ~exp(-margin)), beside rows
+    whose target is not the top and rows whose top is shared: one batch, so that an
+    implementation taking an accurate sum for some rows only must take it for the right ones."""
+    rows, targets = [], []
+    rng = np.random.default_rng(n_classes)
+    for m in [2.0, 10.0, 17.0, 30.0, *cases.margins(dtype, "full")]:
+        row = -m - rng.random(n_classes) * 3.0
+        top = int(rng.integers(n_classes))
+        row[top] = 0.0
+        rows.append(row)
+        targets.append(top)  # confident and right: the tiny loss must survive
+        rows.append(row)
+        targets.append((top + 1) % n_classes)  # confident and wrong
+    rows.append(np.zeros(n_classes))  # a tie between every class
+    targets.append(0)
+    return B.round_to(np.asarray(rows), dtype), np.asarray(targets)
+
+
+@pytest.mark.parametrize("n_classes", [3, 32, 33, 1000])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+@pytest.mark.parametrize(
+    ("name", "gamma", "one_hot"),
+    [
+        ("softmax_cross_entropy", 0.0, False),
+        ("softmax_cross_entropy", 0.0, True),
+        ("softmax_focal_loss", 3.3, False),
+        ("softmax_focal_loss", 3.3, True),
+    ],
+)
+@pytest.mark.parametrize("backend", B.BACKENDS)
+def test_confident_rows_among_others_meet_the_strict_standard_at_any_class_count(
+    backend, name, gamma, one_hot, dtype, n_classes
+):
+    # the JAX fast path sums the other classes apart only when some row needs it, in one complex
+    # sum up to 32 classes and in a second pass from 33 on; torch's on the dominant rows only.
+    # The flat row at 1000 classes: log(1 - p_top) must not be log s - log1p(s) (they cancel)
+    logits, targets = _mixed_confidence_rows(n_classes, dtype)
+    if one_hot:
+        # probability targets take the general path of each backend
+        targets = np.eye(n_classes)[targets]
+    options = {"reduction": "none"} | ({"gamma": gamma} if name == "softmax_focal_loss" else {})
+    value, grad = _run(backend, name, logits, targets, dtype, **options)
+    judgement = judge(name, logits.astype(np.float64), targets, options, dtype, value, grad)
+    assert judgement.ok, judgement.nonfinite + judgement.inaccurate
+
+
 # ----------------------------------------------------------------------------------------------
 # 2. What the standard lets through and what not
 # ----------------------------------------------------------------------------------------------
