@@ -143,8 +143,9 @@ def test_a_planned_device_that_judged_nothing_is_not_verified():
     sound = B.ours("torch", "sigmoid_cross_entropy")
     silent = B.ours("jax", "sigmoid_cross_entropy")
     silent.supports = lambda prep: False  # every case skipped: nothing judged there
+    # on the CPU (a GPU machine's default adds gpu:0, which this test does not plan for)
     result = runner.run_matrix([sound, silent], dtypes=["float32"], regions=["typical"],
-                               progress=False)  # fmt: skip
+                               devices=["cpu"], progress=False)  # fmt: skip
     assert result.judged > 0 and not result.failures
     assert not result.ok
     assert sorted(result.untested) == [
@@ -165,13 +166,14 @@ def test_run_records_devices_and_pinned_precision():
         result = runner.run_matrix(_sigmoid_impls(), dtypes=["float32"], regions=["typical"],
                                    progress=False)  # fmt: skip
         assert result.ok
-        assert result.config["devices"] == ["cpu"]
+        # the default: cpu, plus gpu:0 on a GPU machine
+        assert result.config["devices"] == D.defaults(["torch", "jax"])
         precision = result.config["precision"]
         assert precision["torch.backends.cuda.matmul.allow_tf32"] is False
         assert precision["jax_default_matmul_precision"] == "highest"
         assert torch.backends.cuda.matmul.allow_tf32 is False
         labels = {r.device for r in result.records}
-        assert labels == {"cpu"}
+        assert labels == set(D.defaults(["torch", "jax"]))
     finally:
         torch.backends.cuda.matmul.allow_tf32 = False
         jax.config.update("jax_default_matmul_precision", None)
@@ -387,7 +389,8 @@ def test_jax_eager_does_not_copy_accelerator_targets_to_the_host(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(ValueError, match=r"`targets` has class index 9 at position \(1,\)"):
         jax_impl.softmax_cross_entropy(logits, np.array([0, 9, 1]))
-    assert jax_impl._on_host(np.zeros(2)) and jax_impl._on_host(jax.numpy.zeros(2))
+    on_cpu = jax.device_put(jax.numpy.zeros(2), jax.devices("cpu")[0])
+    assert jax_impl._on_host(np.zeros(2)) and jax_impl._on_host(on_cpu)
 
 
 def test_jax_vector_alpha_on_an_accelerator_is_copied_once(monkeypatch):
@@ -492,7 +495,7 @@ def uncompilable():
 
 def test_a_compile_failure_is_reported_as_one_not_as_a_loss_error(uncompilable):
     result = runner.run_matrix([uncompilable], dtypes=["float32"], regions=["typical"],
-                               torch_compile=True, progress=False)  # fmt: skip
+                               devices=["cpu"], torch_compile=True, progress=False)  # fmt: skip
     eager = [r for r in result.records if r.mode == "eager"]
     assert eager and all(r.kind == "ok" for r in eager)
     assert not any(r.kind == "error" for r in result.records) and not result.failures
@@ -612,7 +615,7 @@ def test_parity_report_json_has_devices_and_untested(tmp_path):
     from dualloss.parity import report
 
     result = runner.run_matrix(_sigmoid_impls()[:1], dtypes=["float32"], regions=["typical"],
-                               progress=False)  # fmt: skip
+                               devices=["cpu"], progress=False)  # fmt: skip
     report.write_json(result, str(tmp_path / "p.json"))
     data = json.loads((tmp_path / "p.json").read_text())
     assert data["config"]["devices"] == ["cpu"] and data["untested"] == []
