@@ -176,15 +176,15 @@ MUTATIONS = (
         own_tests="renormalises_softmax",
     ),
     Mutation(
-        "jax_impl", "softmax_cross_entropy", "s never summed apart from 33 classes on (lax.cond)",
-        "        s = jax.lax.cond(jnp.any(needs), others,",
-        "        s = jax.lax.cond(jnp.any(needs) & False, others,",
+        "jax_impl", "softmax_cross_entropy", "complex row sum without its count of tops",
+        "        s = jnp.real(both) + (jnp.imag(both) - 1.0)\n",
+        "        s = jnp.real(both)\n",
         "any_class_count", "tests/test_strict.py",
     ),
     Mutation(
         "jax_impl", "softmax_cross_entropy", "flushed subnormal classes summed as they are",
-        "    s = jax.lax.cond(jnp.any(tiny), rescaled,",
-        "    s = jax.lax.cond(jnp.any(tiny) & False, rescaled,",
+        "    return jax.lax.cond(jnp.any(tiny), rescaled,",
+        "    return jax.lax.cond(jnp.any(tiny) & False, rescaled,",
         "any_class_count", "tests/test_strict.py",
     ),
     Mutation(

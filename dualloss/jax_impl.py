@@ -475,6 +475,32 @@ def _at(x, y):
     return jnp.take_along_axis(x, y[..., None], axis=-1, mode="clip")[..., 0]
 
 
+def _unflushed(z, z_top, y, s, at_top):
+    """s = sum_{j != top} exp(z_j - z_top) of ``_shifted_sums``, where the rows `at_top` (target
+    on top) may have lost it to flushed subnormals.
+
+    XLA flushes subnormal numbers to 0 (on the CPU too): where every other class is below the
+    smallest normal, their sum (up to C times it, a normal number) is lost with them. Below
+    sqrt(tiny) (a margin of 44 in float32, 354 in float64), where those terms are at most
+    C sqrt(tiny) of s, such a row sums the others scaled by 1 / sqrt(tiny) (each stays <= 1: no
+    overflow, no digit lost), only when some row needs it (``lax.cond``, from the logits: an
+    N x C operand formed for it would cost every call a pass over memory, measured).
+    """
+    scale = -0.5 * math.log(float(jnp.finfo(s.dtype).tiny))
+    tiny = (s < math.exp(-scale)) & at_top
+
+    def rescaled(z, z_top, s, tiny):
+        shifted = z - z_top
+        scaled = jnp.sum(
+            jnp.where(shifted < 0.0, jnp.exp(shifted + scale), 0.0), axis=-1, keepdims=True
+        )
+        # + (e_y - 1): 0, with the derivative of the top's e (as in sum(e - floor(e)))
+        e_y = jnp.exp(_at(shifted, y)[..., None])
+        return jnp.where(tiny, scaled * math.exp(-scale) + (e_y - 1.0), s)
+
+    return jax.lax.cond(jnp.any(tiny), rescaled, lambda z, z_top, s, tiny: s, z, z_top, s, tiny)
+
+
 def _shifted_sums(z, y):
     """e = exp(z - z_top), s = sum_{j != top} e_j, log1p(s) and 1 / (1 + s), for the class-index
     fast paths with targets y (class axis last; s, log1p(s) and 1 / (1 + s) of shape [..., 1]).
@@ -488,15 +514,14 @@ def _shifted_sums(z, y):
     derivatives of e, also at the top, carry everything, so the Hessians (forward mode over the
     closed-form gradient) are right.
 
-    Only a row whose target is its top class needs that accuracy: elsewhere p_y <= 1/2, every
-    result depends on s through 1 + s (a few ULP from the plain sum) or next to log p_y <= -log 2.
-    The second pass over e (a second reduction costs XLA:CPU 0.2-1x optax's whole call, measured)
-    runs only when some row needs it (``lax.cond``; under vmap, which turns it into a select,
-    always). Rows of at most 32 classes take both sums in one pass instead, as the real and
-    imaginary parts of one complex sum (sum(e - floor(e)) + i sum(floor(e)): s = the first plus
-    the count of tops less 1, exact): XLA:CPU reduces complex numbers in a loop of its own that
-    is faster on short rows than its float reduction (1.0x optax against 2.0x at 65536 x 10),
-    and slower from 64 classes on (measured 2026-12-03).
+    Rows of at most 32 classes take both sums in one pass, as the real and imaginary parts of
+    one complex sum (sum(e - floor(e)) + i sum(floor(e)): s = the first plus the count of tops
+    less 1, exact): XLA:CPU reduces complex numbers in a loop of its own that is faster on short
+    rows than its two float reductions (1.1x optax against 1.5x at 65536 x 10), and slower from
+    64 classes on. Skipping the second sum with a ``lax.cond`` where no row has its target on top
+    measured no gain at 4096 x 1000 and a loss on confident rows (1.8x optax against 1.4x: the
+    cond makes XLA form e in memory), so longer rows take both float sums always (2026-12-04).
+    Rows whose other classes are all flushed subnormals are summed again (``_unflushed``).
     """
     # shift by the largest logit (a constant: the shift cancels in log p); a row of -inf gives NaN
     z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
@@ -512,28 +537,9 @@ def _shifted_sums(z, y):
         s = jnp.real(both) + (jnp.imag(both) - 1.0)
     else:
         s_all = jnp.sum(e, axis=-1, keepdims=True) - 1.0
-        needs = (s_all < 1.0) & (_at(shifted, y)[..., None] == 0.0)
-
-        def others(e, s_all, needs):
-            return jnp.where(needs, jnp.sum(e - jnp.floor(e), axis=-1, keepdims=True), s_all)
-
-        s = jax.lax.cond(jnp.any(needs), others, lambda e, s_all, needs: s_all, e, s_all, needs)
-    # XLA flushes subnormal numbers to 0 (on the CPU too): where every other class is below the
-    # smallest normal, their sum (up to C times it, a normal number) would be lost with them.
-    # Below sqrt(tiny) (a margin of 44 in float32, 354 in float64), where those terms are at most
-    # C sqrt(tiny) of s, a row with the target on top sums the others scaled by 1 / sqrt(tiny)
-    # (each stays <= 1: no overflow, no digit lost), only when some row needs it
-    scale = -0.5 * math.log(float(jnp.finfo(e.dtype).tiny))
-    tiny = (s < math.exp(-scale)) & (_at(shifted, y)[..., None] == 0.0)
-
-    def rescaled(shifted, e, s, tiny):
-        scaled = jnp.sum(
-            jnp.where(shifted < 0.0, jnp.exp(shifted + scale), 0.0), axis=-1, keepdims=True
-        )
-        # + (e_y - 1): 0, with the derivative of the top's e (as in sum(e - floor(e)))
-        return jnp.where(tiny, scaled * math.exp(-scale) + (_at(e, y)[..., None] - 1.0), s)
-
-    s = jax.lax.cond(jnp.any(tiny), rescaled, lambda shifted, e, s, tiny: s, shifted, e, s, tiny)
+        s_others = jnp.sum(e - jnp.floor(e), axis=-1, keepdims=True)
+        s = jnp.where(s_all < 1.0, s_others, s_all)
+    s = _unflushed(z, z_top, y, s, _at(shifted, y)[..., None] == 0.0)
     log1p_s = jnp.log1p(s)
     return shifted, e, s, log1p_s, 1.0 / (1.0 + s)
 
