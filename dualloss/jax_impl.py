@@ -552,7 +552,7 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
     the logits. Only the row sums of ``_shifted_sums`` are N x C work; everything about the
     target class is one value per row. With y at the top (z_y = z_top), 1 - p_y = s_y / (1 + s),
     s_y = s - (e_y - 1) (= s, with the derivative of the true 1 - p_y), and
-      log(1 - p_y) = log s_y - log1p(s) (log(1 - p_y) at s >= 1: no cancellation),
+      log(1 - p_y) = log s_y - log1p(s) where s < 1 (log1p(-p_y) at s >= 1, where they cancel),
       phi_y = e_y log p_y / s_y  (-log1p(s) / s: -> -1),
     where s_y < the smallest normal gives log(1 - p_y) = -inf: every term it enters is then
     O(s^(1 + gamma)), below the dtype's smallest normal, as in torch_impl.

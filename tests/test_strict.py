@@ -148,9 +148,10 @@ def _mixed_confidence_rows(n_classes: int, dtype: str):
 def test_confident_rows_among_others_meet_the_strict_standard_at_any_class_count(
     backend, name, gamma, one_hot, dtype, n_classes
 ):
-    # the JAX fast path sums the other classes apart only when some row needs it, in one complex
-    # sum up to 32 classes and in a second pass from 33 on; torch's on the dominant rows only.
-    # The flat row at 1000 classes: log(1 - p_top) must not be log s - log1p(s) (they cancel)
+    # the JAX fast path sums the other classes apart in one complex sum up to 32 classes and in
+    # a second float sum from 33 on, and again rescaled where all of them are flushed subnormals
+    # (only when some row needs it); torch's on the dominant rows only. The flat row at 1000
+    # classes: log(1 - p_top) must not be log s - log1p(s) (they cancel)
     logits, targets = _mixed_confidence_rows(n_classes, dtype)
     if one_hot:
         # probability targets take the general path of each backend
