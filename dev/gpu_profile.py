@@ -45,23 +45,21 @@ def main(argv=None) -> int:
     activities = [ProfilerActivity.CPU]
     if devices.is_gpu(where):
         activities.append(ProfilerActivity.CUDA)
+
+    def repeat(call, times):
+        for _ in range(times):
+            call().backward()
+            x.grad = None
+        devices.synchronize("torch", where)
+
     for name, call in calls.items():
-        for _ in range(5):
-            call().backward()
-            x.grad = None
-        devices.synchronize("torch", where)
+        repeat(call, 5)
         began = time.perf_counter()
-        for _ in range(20):
-            call().backward()
-            x.grad = None
-        devices.synchronize("torch", where)
+        repeat(call, 20)
         per_call = (time.perf_counter() - began) / 20 * 1e3
         print(f"{name} {args.shape} on {where}: {per_call:.3f} ms/call")
         with profile(activities=activities) as prof:
-            for _ in range(3):
-                call().backward()
-                x.grad = None
-            devices.synchronize("torch", where)
+            repeat(call, 3)
         print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=args.rows))
     return 0
 

@@ -375,6 +375,13 @@ def _power(log_base, gamma):
     return jnp.where(no_base, jnp.where(gamma == 0.0, 1.0, 0.0), jnp.exp(gamma * safe))
 
 
+def _unflush_exponent(dtype) -> float:
+    """K with exp(-K) = sqrt(tiny) of `dtype` (44 in float32, 354 in float64): below exp(-K) a
+    row's other classes may all be subnormals that XLA flushes to 0; exp(z + K) of each stays
+    normal and <= 1 there, and the sum times exp(-K) keeps every digit."""
+    return -0.5 * math.log(float(jnp.finfo(dtype).tiny))
+
+
 def _log_softmax(z):
     """log p, log(1 - p), p and 1 - p along the last axis, as in spec (see its docstring).
 
@@ -397,9 +404,9 @@ def _log_softmax(z):
     others_sum = jnp.sum(jnp.exp(others - runner_up), axis=-1, keepdims=True)
     # XLA flushes subnormal numbers to 0 (on the CPU too): where every other class is below the
     # smallest normal, s (up to C times it) would be lost; below sqrt(tiny) (those terms at most
-    # C sqrt(tiny) of s) it is the runner-up's scaled sum times exp(m), itself formed as
-    # exp(m + K) exp(-K) with exp(-K) = sqrt(tiny) (m < -K there: exp(m + K) <= 1 stays normal)
-    scale = -0.5 * math.log(float(jnp.finfo(s.dtype).tiny))
+    # C sqrt(tiny) of s) it is the runner-up's scaled sum times exp(m), formed as
+    # exp(m + K) exp(-K) (``_unflush_exponent``; m < -K there: exp(m + K) <= 1 stays normal)
+    scale = _unflush_exponent(s.dtype)
     from_runner_up = others_sum * jnp.exp(jnp.minimum(runner_up + scale, 0.0)) * math.exp(-scale)
     s = jnp.where(s < math.exp(-scale), from_runner_up, s)
     log1p_s = jnp.log1p(s)
@@ -481,12 +488,12 @@ def _unflushed(z, z_top, y, s, at_top):
 
     XLA flushes subnormal numbers to 0 (on the CPU too): where every other class is below the
     smallest normal, their sum (up to C times it, a normal number) is lost with them. Below
-    sqrt(tiny) (a margin of 44 in float32, 354 in float64), where those terms are at most
-    C sqrt(tiny) of s, such a row sums the others scaled by 1 / sqrt(tiny) (each stays <= 1: no
-    overflow, no digit lost), only when some row needs it (``lax.cond``, from the logits: an
-    N x C operand formed for it would cost every call a pass over memory, measured).
+    sqrt(tiny), where those terms are at most C sqrt(tiny) of s, such a row sums the others
+    scaled by 1 / sqrt(tiny) (``_unflush_exponent``), only when some row needs it (``lax.cond``,
+    from the logits: an N x C operand formed for it would cost every call a pass over memory,
+    measured).
     """
-    scale = -0.5 * math.log(float(jnp.finfo(s.dtype).tiny))
+    scale = _unflush_exponent(s.dtype)
     tiny = (s < math.exp(-scale)) & at_top
 
     def rescaled(z, z_top, s, tiny):

@@ -501,6 +501,14 @@ def _row_stats(z):
     return z_top, top, shifted, s, log1p_s, log_s
 
 
+def _log_not_p(p, is_top, s, log_s, log1p_s):
+    """log(1 - p): log s - log1p(s) at a top with s < 1 (two numbers of opposite sign),
+    log1p(-p) elsewhere, also at a top with s >= 1 (p <= 1/2), where the two logarithms would
+    cancel (as spec). Double where: log1p(-p) is -inf at the top when p rounds to 1."""
+    from_s = is_top & (s < 1.0)
+    return torch.where(from_s, log_s - log1p_s, torch.log1p(-torch.where(from_s, 0.0, p)))
+
+
 def _log_softmax(z):
     """log p, log(1 - p), p and 1 - p along the last axis (``spec._log_softmax``).
 
@@ -519,11 +527,7 @@ def _log_softmax(z):
     p = torch.exp(shifted) / (1.0 + s)
     # 1 - p_top = s / (1 + s), never formed as 1 - p
     not_p = torch.where(is_top, s / (1.0 + s), 1.0 - p)
-    # log s - log1p(s) at a top with s < 1 (two numbers of opposite sign); log1p(-p) elsewhere,
-    # also at a top with s >= 1 (p <= 1/2), where the two logarithms would cancel (as spec);
-    # double where: log1p(-p) is -inf at the top when p rounds to 1
-    from_s = is_top & (s < 1.0)
-    log_not_p = torch.where(from_s, log_s - log1p_s, torch.log1p(-torch.where(from_s, 0.0, p)))
+    log_not_p = _log_not_p(p, is_top, s, log_s, log1p_s)
     return log_p, log_not_p, p, not_p, is_top, s, log1p_s
 
 
@@ -612,11 +616,7 @@ def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss):
     p = torch.exp(log_p)
     # 1 - p_top = s / (1 + s), never formed as 1 - p (exp(-log1p_s) carries a NaN row along)
     not_p = torch.where(is_top, s * torch.exp(-log1p_s), 1.0 - p)
-    # log s - log1p(s) at a top with s < 1 (two numbers of opposite sign); log1p(-p) elsewhere,
-    # also at a top with s >= 1 (p <= 1/2), where the two logarithms would cancel (as spec);
-    # double where: log1p(-p) is -inf at the top when p rounds to 1
-    from_s = is_top & (s < 1.0)
-    log_not_p = torch.where(from_s, log_s - log1p_s, torch.log1p(-torch.where(from_s, 0.0, p)))
+    log_not_p = _log_not_p(p, is_top, s, log_s, log1p_s)
     if gamma == 0.0:
         # (1 - p)^0 = 1, also at p = 1
         focal_weight = None

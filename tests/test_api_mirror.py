@@ -68,6 +68,8 @@ BACKEND_EXTRAS = {
         "_is_zero", "_forward_tangent", "_closed_form_jvp", "_with_closed_form_grad",
         # XLA:CPU's float64 log1p is inaccurate below -0.3
         "_log1m",
+        # XLA flushes subnormals: rows whose other classes are all below the smallest normal
+        "_unflush_exponent",
         # the gather path for class-index targets
         "_at", "_unflushed", "_shifted_sums", "_softmax_focal_terms_at",
         "_softmax_cross_entropy_terms_at",
@@ -96,8 +98,8 @@ BACKEND_EXTRAS = {
         "_saved_tensors_are_private",
         # gradients w.r.t. targets, weights and alpha: autograd through the forward formula
         "_other_input_grads",
-        # the row statistics shared by the dense and the sparse path
-        "_row_stats", "_softmax_focal_terms_sparse", "_softmax_loss_or_grad",
+        # the row statistics shared by the dense and the sparse path, and their log(1 - p)
+        "_row_stats", "_log_not_p", "_softmax_focal_terms_sparse", "_softmax_loss_or_grad",
         # the class-index fast path: torch's fused softmax, the gradient from the saved p alone
         "_SoftmaxAtTarget", "_sum_except_target", "_target_rows", "_softmax_at_target",
         "_at_target",
