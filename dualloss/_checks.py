@@ -28,24 +28,42 @@ def reduction(reduction: object) -> str:
     return reduction
 
 
-def _real(name: str, value: object) -> float:
+def real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"`{name}` must be a real number. Received: {name}={value!r}.")
     return float(value)
 
 
+# The scalar options' rules are comparisons only, apart from their messages: torch.compile traces a
+# float that changes between calls as a symbol, which compares but has no math.isfinite nor repr
+# (torch_impl states the rule alone there; see its ``_gamma``).
+GAMMA_RULE = "`gamma` must be a finite number >= 0."
+
+
+def gamma_holds(value: float) -> bool:
+    return 0.0 <= value < math.inf  # False for NaN
+
+
 def gamma(gamma: object) -> float:
-    value = _real("gamma", gamma)
-    if not (math.isfinite(value) and value >= 0.0):
-        raise ValueError(f"`gamma` must be a finite number >= 0. Received: gamma={gamma!r}.")
+    value = real("gamma", gamma)
+    if not gamma_holds(value):
+        raise ValueError(f"{GAMMA_RULE} Received: gamma={gamma!r}.")
     return value
+
+
+def unit_interval_rule(name: str) -> str:
+    return f"`{name}` must be in [0, 1]."
+
+
+def unit_interval_holds(value: float) -> bool:
+    return 0.0 <= value <= 1.0  # False for NaN
 
 
 def unit_interval(name: str, value: object) -> float:
     """A scalar option that must lie in [0, 1] (`label_smoothing`, scalar `alpha`)."""
-    number = _real(name, value)
-    if not 0.0 <= number <= 1.0:
-        raise ValueError(f"`{name}` must be in [0, 1]. Received: {name}={value!r}.")
+    number = real(name, value)
+    if not unit_interval_holds(number):
+        raise ValueError(f"{unit_interval_rule(name)} Received: {name}={value!r}.")
     return number
 
 
@@ -242,6 +260,31 @@ def sigmoid_targets(
             f"`targets` must have the logits shape {logits_shape}. "
             f"Received: targets.shape={targets_shape}."
         )
+
+
+def sigmoid_focal_targets(targets: np.ndarray) -> None:
+    """The sigmoid focal loss's targets lie in [0, 1] (needs concrete values; NaN propagates).
+
+    Its weight (1 - p_t)^gamma, p_t = p t + (1 - p)(1 - t), is a power of a probability only
+    there: outside it, 1 - p_t can be negative (no real power) or above 1. The other losses are
+    linear in their targets and take any real value, as torch does.
+    """
+    targets = np.asarray(targets)
+    bad = (targets < 0.0) | (targets > 1.0)
+    if bad.any():
+        position = tuple(int(i) for i in np.argwhere(bad)[0])
+        # str of the NumPy scalar: the shortest repr in the targets' own precision
+        raise ValueError(
+            "`targets` of the sigmoid focal loss must be probabilities in [0, 1] (its weight "
+            f"(1 - p_t)^gamma needs them). Received: {targets[position]!s} at position "
+            f"{position}."
+        )
+
+
+SIGMOID_FOCAL_TARGETS_DEVICE_MESSAGE = (
+    "`targets` of the sigmoid focal loss must be probabilities in [0, 1] (checked on the device; "
+    "DUALLOSS_VALIDATE_INDICES=sync gives the entry)."
+)
 
 
 def focal_alpha(alpha: object, num_classes: int | None) -> None:

@@ -149,6 +149,19 @@ def _on_host(x) -> bool:
     return all(device.platform == "cpu" for device in x.devices())
 
 
+def _sigmoid_focal_targets(t, shape):
+    """The sigmoid focal loss's targets `t` (``_sigmoid_inputs``' view of the targets of `shape`)
+    in [0, 1] (NaN propagates): concrete values on the host raise the ``_checks`` error;
+    elsewhere (traced, or on an accelerator, where reading them would copy them to the host on
+    every call) an entry outside is NaN, so is its loss, and ``checkify`` reports the message."""
+    if _is_concrete(t) and _on_host(t):
+        _checks.sigmoid_focal_targets(np.asarray(t).reshape(shape))
+        return t
+    bad = (t < 0.0) | (t > 1.0)
+    checkify.debug_check(~jnp.any(bad), _checks.SIGMOID_FOCAL_TARGETS_DEVICE_MESSAGE)
+    return t + jnp.where(bad, jnp.nan, 0.0).astype(t.dtype)
+
+
 # concrete vector `alpha` arrays already checked (JAX arrays are immutable): id -> weak reference
 _CHECKED_ALPHA: dict[int, Any] = {}
 
@@ -1442,6 +1455,7 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     else:
         _checks.focal_alpha(alpha, None)
     x, t, _, _ = _sigmoid_inputs(logits, targets, None, None)
+    t = _sigmoid_focal_targets(t, _as_array(logits).shape)
     if alpha is not None:
         alpha = _as_array(alpha).astype(x.dtype)
     # a mean's 1 / N inside the terms, as in _sigmoid_cross_entropy; no elements: 0

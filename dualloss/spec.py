@@ -1008,6 +1008,7 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     gamma = _checks.gamma(gamma)
     _checks.focal_alpha(alpha, None)
     x, t, _, _ = _sigmoid_inputs(logits, targets, None, None)
+    _checks.sigmoid_focal_targets(_as_array(targets))
     terms = _sigmoid_focal_terms(x, t, alpha, gamma)
     return _sigmoid_reduce(terms.loss, terms.grad, reduction)
 
@@ -1027,7 +1028,8 @@ def sigmoid_focal_loss(
 
     Args:
       logits: floating array.
-      targets: floating array of the logits shape, in [0, 1] (soft targets allowed).
+      targets: floating array of the logits shape, in [0, 1] (soft targets allowed; an entry
+        outside raises ValueError: the weight (1 - p_t)^gamma needs a probability 1 - p_t).
       gamma: focusing parameter, a number >= 0.
       alpha: None (no balancing) or torchvision's alpha, a number in [0, 1]. Note torchvision's
         default is 0.25; here it is None.
@@ -1275,6 +1277,7 @@ def _sigmoid_focal_input_grad(logits, targets, gamma, alpha, reduction, wrt):
     if wrt == "alpha":
         _needs_option(wrt, alpha)
     x, t, _, _ = _sigmoid_inputs(logits, targets, None, None)
+    _checks.sigmoid_focal_targets(_as_array(targets))
     terms = _sigmoid_focal_terms(x, t, alpha, gamma)
     ce, _ = _sigmoid_terms(x, t, 1.0)
     if wrt == "targets":
@@ -1370,5 +1373,6 @@ def sigmoid_focal_loss_intermediates(
     gamma = _checks.gamma(gamma)
     _checks.focal_alpha(alpha, None)
     x, t, w, q = _sigmoid_inputs(logits, targets, None, None)
+    _checks.sigmoid_focal_targets(_as_array(targets))
     terms = _sigmoid_focal_terms(x, t, alpha, gamma)
     return SigmoidIntermediates(terms.loss, terms.grad, x, t, w, q, terms, float(x.size))

@@ -207,6 +207,48 @@ def _check_class_indices(targets: Tensor, num_classes: int, ignore_index: int) -
     torch._assert_async(~bad.any(), _checks.class_indices_device_message(num_classes, ignore_index))
 
 
+def _scalar_option(name, value, holds, rule):
+    """A scalar option checked under torch.compile, where a float that changes between calls is
+    a symbol: compared by a check that torch keeps in the graph, never formatted into the message
+    (which states the rule alone)."""
+    number = _checks.real(name, value)
+    torch._check_value(holds(number), lambda: rule)
+    return number
+
+
+def _gamma(gamma):
+    """``_checks.gamma``, traceable for a float option that changes between compiled calls."""
+    if torch.compiler.is_compiling():
+        return _scalar_option("gamma", gamma, _checks.gamma_holds, _checks.GAMMA_RULE)
+    return _checks.gamma(gamma)
+
+
+def _unit_interval(name, value):
+    """``_checks.unit_interval``, traceable as ``_gamma``."""
+    if torch.compiler.is_compiling():
+        rule = _checks.unit_interval_rule(name)
+        return _scalar_option(name, value, _checks.unit_interval_holds, rule)
+    return _checks.unit_interval(name, value)
+
+
+def _check_sigmoid_focal_targets(targets: Tensor) -> None:
+    """The sigmoid focal loss's targets in [0, 1] (NaN propagates): the exact ``_checks`` error
+    where values are on the host, one pass when they are; an asynchronous device assertion on an
+    accelerator (as ``_check_class_indices``)."""
+    targets = targets.detach()
+    if _reads_on_host(targets):
+        if targets.numel() == 0:
+            return
+        low, high = torch.aminmax(targets)
+        if not (bool(low < 0.0) or bool(high > 1.0)):
+            return
+        # float16 and bfloat16 read as float32 (NumPy has no bfloat16), the value unchanged
+        _checks.sigmoid_focal_targets(targets.to(_compute_dtype(targets.dtype)).cpu().numpy())
+        return
+    ok = ~((targets < 0.0) | (targets > 1.0)).any()
+    torch._assert_async(ok, _checks.SIGMOID_FOCAL_TARGETS_DEVICE_MESSAGE)
+
+
 # vector `alpha` tensors already checked: id -> (weak reference, version when checked)
 _CHECKED_ALPHA: dict[int, tuple[Any, int]] = {}
 
@@ -253,7 +295,7 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         kind = "other"
     _checks.softmax_targets(kind, targets.shape, _dtype_name(targets.dtype), logits.shape, axis)
     ignore_index = _checks.ignore_index(ignore_index)
-    label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
+    label_smoothing = _unit_interval("label_smoothing", label_smoothing)
     if kind == "index" and _VALIDATE_INDICES and _values_are_concrete(targets):
         _check_class_indices(targets, num_classes, ignore_index)
     if kind == "index":
@@ -266,6 +308,8 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
         if not isinstance(alpha, numbers.Real):
             alpha = _as_array("alpha", alpha, logits.device)
         # a number is checked here (no NumPy call: torch.compile traces this function)
+        if isinstance(alpha, numbers.Real):
+            alpha = _unit_interval("alpha", alpha)
         _checks.focal_alpha(alpha, num_classes)
         if (
             not isinstance(alpha, numbers.Real)
@@ -436,11 +480,25 @@ def _other_input_grads(loss_or_grad, saved, options, wrt, grad_loss):
     return vjp(grad_loss)
 
 
+def _asks_for_no_gradient(inputs) -> bool:
+    """True when nothing can ask for a gradient of a call on `inputs`: no input requires grad (or
+    grad mode is off) and no ``torch.func`` transform is active (under ``jvp`` or ``grad`` the
+    autograd function decides, as before). Then the losses compute their value directly, without
+    an autograd function: ``torch.compile(fullgraph=True)`` cannot trace an autograd function
+    taking a Python callable when no input requires grad (evaluation, ``torch.no_grad()``)."""
+    if torch.is_grad_enabled() and any(isinstance(x, Tensor) and x.requires_grad for x in inputs):
+        return False
+    # under torch.compile the functorch level is not traceable; compile has no forward-mode AD
+    return torch.compiler.is_compiling() or torch._C._functorch.maybe_current_level() is None
+
+
 def _with_closed_form_grad(loss_or_grad, num_saved):
     """`loss_or_grad(logits, ...)` (its last argument `grad_loss` left out) as an autograd function
     whose gradient w.r.t. the logits is the closed form ``loss_or_grad(logits, ..., grad_loss)``."""
 
     def value(*inputs):
+        if _asks_for_no_gradient(inputs):
+            return loss_or_grad(*inputs, None)
         return _ClosedFormGrad.apply(loss_or_grad, num_saved, *inputs)
 
     return value
@@ -940,7 +998,7 @@ def _softmax(
 ):
     reduction = _checks.reduction(reduction)
     if is_focal:
-        gamma = _checks.gamma(gamma)
+        gamma = _gamma(gamma)
         weight, alpha = None, class_weight_arg
     else:
         weight, alpha = class_weight_arg, None
@@ -1262,9 +1320,9 @@ def _linear_softmax(
     )
     chunk_size = _checks.chunk_size(chunk_size)
     ignore_index = _checks.ignore_index(ignore_index)
-    label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
+    label_smoothing = _unit_interval("label_smoothing", label_smoothing)
     if is_focal:
-        gamma = _checks.gamma(gamma)
+        gamma = _gamma(gamma)
         name = "alpha"
     else:
         name = "weight"
@@ -1589,6 +1647,15 @@ class _SigmoidLoss(torch.autograd.Function):
         return None, None, None, *grads
 
 
+def _sigmoid_loss(loss_or_grad, num_saved, reduce, *inputs):
+    """``_SigmoidLoss``, or its value alone where nothing asks for a gradient (as
+    ``_with_closed_form_grad``)."""
+    if _asks_for_no_gradient(inputs):
+        loss = loss_or_grad(*inputs, None)
+        return loss.sum() if reduce else loss
+    return _SigmoidLoss.apply(loss_or_grad, num_saved, reduce, *inputs)
+
+
 def _sigmoid_reduce(loss, reduction, count):
     """`loss` from ``_SigmoidLoss``: per element ('none') or summed; 'mean' divides by `count`
     (0 with zero gradient for no elements)."""
@@ -1606,7 +1673,7 @@ def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
     reduction = _checks.reduction(reduction)
     logits, targets, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
     # saves logits, targets, weight, pos_weight
-    loss = _SigmoidLoss.apply(
+    loss = _sigmoid_loss(
         _sigmoid_cross_entropy_or_grad, 4, reduction != "none", logits, targets, w, q
     )
     if loss.shape != logits.shape and reduction == "none":
@@ -1788,12 +1855,16 @@ _TARGETS_GRAD = {_sigmoid_focal_loss_or_grad: _sigmoid_focal_targets_grad}
 
 def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     reduction = _checks.reduction(reduction)
-    gamma = _checks.gamma(gamma)
+    gamma = _gamma(gamma)
+    if isinstance(alpha, numbers.Real):
+        alpha = _unit_interval("alpha", alpha)
     _checks.focal_alpha(alpha, None)
     alpha = None if alpha is None else float(alpha)
     logits, targets, _, _ = _sigmoid_inputs(logits, targets, None, None)
+    if _VALIDATE_INDICES and _values_are_concrete(targets):
+        _check_sigmoid_focal_targets(targets)
     # saves logits, targets; gamma, alpha are options
-    loss = _SigmoidLoss.apply(
+    loss = _sigmoid_loss(
         _sigmoid_focal_loss_or_grad, 2, reduction != "none", logits, targets, gamma, alpha
     )
     return _sigmoid_reduce(loss, reduction, logits.numel()).to(logits.dtype)

@@ -81,6 +81,8 @@ BACKEND_EXTRAS = {
         "_sigmoid_parts", "_ratio", "_ratio_jvp",
         # value checks without a host copy of accelerator data (docs/devices.md)
         "_on_host", "_check_alpha_values",
+        # the sigmoid focal loss's targets in [0, 1]: raised on the host, NaN elsewhere
+        "_sigmoid_focal_targets",
         # the fused linear losses: the block kernel, the row-block scan, the two custom_vjp
         # functions (scalar reductions: gradients in the forward pass; 'none': recomputed) and
         # the NaN cotangent of the inputs they do not differentiate
@@ -114,6 +116,11 @@ BACKEND_EXTRAS = {
         "_legacy_reduction",
         # value checks without a host sync on accelerators (docs/devices.md)
         "_reads_on_host", "_check_class_indices", "_check_alpha_values",
+        "_check_sigmoid_focal_targets",
+        # scalar options under torch.compile, where a float that changes is a symbol
+        "_scalar_option", "_gamma", "_unit_interval",
+        # no autograd function where nothing asks for a gradient (compiles without one)
+        "_asks_for_no_gradient", "_sigmoid_loss",
         # the fused linear losses: the row-block loop, its in-place block kernel, its Function
         "_linear_chunks", "_linear_block", "_LinearSoftmax",
     },

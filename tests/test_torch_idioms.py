@@ -10,6 +10,7 @@ computed by hand.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -471,6 +472,110 @@ def test_torch_compile_fullgraph_forward_and_backward(name, backend):
     expected.backward()
     torch.testing.assert_close(value, expected)
     torch.testing.assert_close(z_compiled.grad, z_eager.grad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [*SOFTMAX, *SIGMOID, "sigmoid_cross_entropy/none", "FocalLoss"])
+def test_torch_compile_fullgraph_without_gradients(name):
+    """Evaluation: no input requires grad (issue 31: the options' autograd function did not
+    trace there); the value equals the eager one."""
+    logits, cases = _compile_cases()
+    fn = cases[name]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(logits), fn(logits), rtol=0, atol=0)
+    # and under no_grad, with logits that do require grad
+    z = logits.clone().requires_grad_(True)
+    with torch.no_grad():
+        value = compiled(z)
+    assert not value.requires_grad
+    torch.testing.assert_close(value, fn(logits), rtol=0, atol=0)
+
+
+def _dynamic_option_cases():
+    g = _gen(11)
+    logits = torch.randn(6, 5, generator=g)
+    index = torch.randint(0, 5, (6,), generator=g)
+    binary = torch.rand(6, 5, generator=g)
+    hidden, vocab = torch.randn(6, 3, generator=g), torch.randn(5, 3, generator=g)
+    return {
+        "softmax_focal_loss/gamma": (
+            lambda z, v: ti.softmax_focal_loss(z, index, gamma=v),
+            logits,
+            (2.0, 0.5, 3.0),
+            -1.0,
+        ),
+        "softmax_focal_loss/alpha": (
+            lambda z, v: ti.softmax_focal_loss(z, index, alpha=v),
+            logits,
+            (0.25, 0.5, 0.75),
+            1.5,
+        ),
+        "cross_entropy/label_smoothing": (
+            lambda z, v: ti.cross_entropy(z, index, label_smoothing=v),
+            logits,
+            (0.1, 0.2, 0.3),
+            -0.5,
+        ),
+        "sigmoid_focal_loss/gamma": (
+            lambda z, v: ti.sigmoid_focal_loss(z, binary, gamma=v),
+            logits,
+            (2.0, 0.5, 3.0),
+            -1.0,
+        ),
+        "sigmoid_focal_loss/alpha": (
+            lambda z, v: ti.sigmoid_focal_loss(z, binary, alpha=v),
+            logits,
+            (0.25, 0.5, 0.75),
+            2.0,
+        ),
+        "linear_softmax_focal_loss/gamma": (
+            lambda h, v: ti.linear_softmax_focal_loss(h, vocab, index, gamma=v),
+            hidden,
+            (2.0, 0.5, 3.0),
+            -1.0,
+        ),
+    }
+
+
+_RULES = {
+    "gamma": "`gamma` must be a finite number >= 0",
+    "alpha": "`alpha` must be in",
+    "label_smoothing": "`label_smoothing` must be in",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(_dynamic_option_cases()))
+def test_torch_compile_fullgraph_with_a_float_option_that_changes(name):
+    """dynamo traces a float argument that changes between calls as a symbol (issue 31: the
+    validation called math.isfinite on it); each value gives the eager value and gradient, and a
+    value outside the option's domain still fails with the option's rule."""
+    fn, first, values, bad = _dynamic_option_cases()[name]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    for value in values:
+        z_compiled = first.clone().requires_grad_(True)
+        z_eager = first.clone().requires_grad_(True)
+        result, expected = compiled(z_compiled, value), fn(z_eager, value)
+        torch.testing.assert_close(result, expected)
+        result.backward()
+        expected.backward()
+        torch.testing.assert_close(z_compiled.grad, z_eager.grad)
+    with pytest.raises(Exception, match=re.escape(_RULES[name.split("/")[1]])):
+        compiled(first, bad)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["FocalLoss", "SigmoidFocalLoss"])
+def test_torch_compile_dynamic_modules(module):
+    g = _gen(12)
+    logits = torch.randn(6, 5, generator=g)
+    targets = torch.randint(0, 5, (6,), generator=g) if module == "FocalLoss" else torch.rand(6, 5)
+    loss = getattr(ti, module)(gamma=2.0)
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, fullgraph=True, dynamic=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(logits, targets), loss(logits, targets), rtol=0, atol=0)
 
 
 def test_eager_validation_is_unchanged_outside_compile():

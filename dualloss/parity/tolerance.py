@@ -416,7 +416,10 @@ def _sigmoid_spreads(info, elements, options, dtype):
         element_options = dict(options, reduction="none")
         value_spread = np.zeros_like(x)
         grad_spread = np.zeros_like(x)
-        for moved_x, moved_t in ((x + dx, t), (x - dx, t), (x, t + dt), (x, t - dt)):
+        # a rounded soft target stays in [0, 1] (the sigmoid focal loss's domain: its spec
+        # raises outside); near 0 one ULP of 1 - t would carry it below
+        up, down = np.minimum(t + dt, 1.0), np.maximum(t - dt, 0.0)
+        for moved_x, moved_t in ((x + dx, t), (x - dx, t), (x, up), (x, down)):
             moved = info.intermediates(moved_x, moved_t, **element_options)
             value_spread = np.fmax(value_spread, np.abs(moved.loss - elements.loss))
             grad_spread = np.fmax(grad_spread, np.abs(moved.grad - elements.grad))
