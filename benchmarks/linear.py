@@ -4,6 +4,7 @@
     python -m benchmarks.linear --big                # also memory at (8192, 512, 128000)
     python -m benchmarks.linear --tiny               # seconds; tests/test_linear_benchmark.py
     python -m benchmarks.linear --json out.json
+    python -m benchmarks.linear --pairs 40 --shape 2048,256,32000   # torch ours/unfused ratio
     python -m benchmarks.linear --plot docs/linear-memory.png   # memory against V (minutes)
 
 Time (median of --reps forward+backward calls after one warm-up, same process, same inputs):
@@ -94,6 +95,25 @@ def torch_times(n, h, v, reps):
             _step(losses[method], hidden, weight, targets)
             times[method].append(time.perf_counter() - start)
     return {m: statistics.median(t) for m, t in times.items()}
+
+
+def torch_pair_ratios(n, h, v, pairs, first="ours", second="unfused"):
+    """Seconds of `first` over `second` for each of `pairs` back-to-back pairs of one
+    forward+backward (the order alternates): on a shared machine the load drifts over minutes,
+    far less within a pair, so the median of the per-pair ratios is steadier than a ratio of
+    medians. Returns (ratios, first's seconds, second's seconds)."""
+    hidden, weight, targets = _torch_inputs(n, h, v)
+    losses = {m: _torch_loss(m) for m in (first, second)}
+    for loss in losses.values():
+        _step(loss, hidden, weight, targets)
+    times = {first: [], second: []}
+    for pair in range(pairs):
+        for method in (first, second) if pair % 2 == 0 else (second, first):
+            start = time.perf_counter()
+            _step(losses[method], hidden, weight, targets)
+            times[method].append(time.perf_counter() - start)
+    ratios = [a / b for a, b in zip(times[first], times[second], strict=True)]
+    return ratios, times[first], times[second]
 
 
 def _rss(field):
@@ -314,6 +334,10 @@ def main(argv=None):
     parser.add_argument("--big", action="store_true", help="also memory at (8192, 512, 128000)")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--pairs", type=int, default=0,
+                        help="time only: this many interleaved pairs of torch ours and unfused, "
+                        "median of the per-pair ratios (with --shape)")  # fmt: skip
+    parser.add_argument("--shape", default="4096,256,32000", help="N,H,V of --pairs")
     parser.add_argument("--plot", help="sweep V (memory only) and write the figure here (PNG)")
     parser.add_argument("--plot-rows", type=int, default=4096, help="N of the sweep")
     parser.add_argument("--plot-hidden", type=int, default=256, help="H of the sweep")
@@ -324,6 +348,20 @@ def main(argv=None):
         if args.json:
             with open(args.json, "w") as out:
                 json.dump(sweep, out, indent=1)
+        return
+    if args.pairs:
+        n, h, v = (int(x) for x in args.shape.split(","))
+        print(f"(N, H, V) = ({n}, {h}, {v}) float32, {args.pairs} pairs, {_load()}")
+        ratios, ours, unfused = torch_pair_ratios(n, h, v, args.pairs)
+        print(f"  torch ours / unfused: median of per-pair ratios {statistics.median(ratios):.3f} "
+              f"(quartiles {statistics.quantiles(ratios, n=4)[0]:.3f} "
+              f"{statistics.quantiles(ratios, n=4)[2]:.3f}); medians ours "
+              f"{statistics.median(ours):.3f}s, unfused {statistics.median(unfused):.3f}s "
+              f"[{_load()}]")  # fmt: skip
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump({"shape": [n, h, v], "ratios": ratios, "ours": ours,
+                           "unfused": unfused}, out, indent=1)  # fmt: skip
         return
     results = []
     if args.tiny:

@@ -8,7 +8,9 @@
 Each mutation replaces one exact snippet of ``dualloss/<module>.py`` (it must occur exactly once,
 else the mutation is reported as stale) in a copy of the repository, then runs the conformance
 tests of that backend and loss (``tests/test_conformance.py``, the parity machinery against the
-spec) once per dtype, plus the backend's own test file. A mutation is *caught* in a dtype when a
+spec) once per dtype, plus the backend's own test file. The fused linear losses have no
+conformance tests: for them each dtype runs ``dualloss-parity run`` on that backend and loss
+(``parity.linear``'s cases, strict standard). A mutation is *caught* in a dtype when a
 test of that dtype fails. A mutation that no test catches in some dtype is a hole in the suite.
 The copy is run with ``python -m pytest`` from its own directory, so it imports the mutated
 package, never the installed one.
@@ -193,6 +195,28 @@ MUTATIONS = (
         "        from_s = at_top\n",
         "any_class_count", "tests/test_strict.py",
     ),
+    Mutation(
+        "jax_impl", "linear_softmax_cross_entropy",
+        "last row block padded with the last row (counted again in dW, db)",
+        "        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))\n",
+        "        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), mode=\"edge\")\n",
+        "blocks", "tests/test_linear_blocks.py",
+    ),
+    Mutation(
+        "torch_impl", "linear_softmax_cross_entropy",
+        "last row block shifted back to be full (overlap counted twice in dW, db)",
+        "    for start in range(0, num_rows, rows):\n",
+        "    for start in range(0, num_rows, rows):\n"
+        "        start = max(0, min(start, num_rows - rows))\n",
+        "blocks", "tests/test_linear_blocks.py",
+    ),
+    Mutation(
+        "torch_impl", "linear_softmax_focal_loss", "dW skips a partial last row block",
+        "        dw.addmm_(grad.T, h_block)\n",
+        "        if h_block.shape[0] == rows:\n"
+        "            dw.addmm_(grad.T, h_block)\n",
+        "blocks", "tests/test_linear_blocks.py",
+    ),
 )  # fmt: skip
 
 
@@ -216,6 +240,17 @@ def _pytest(directory: Path, *args: str) -> tuple[bool, str]:
     return out.returncode == 0, (out.stdout + out.stderr).strip().splitlines()[-1:]
 
 
+def _parity_run(directory: Path, backend: str, loss: str, dtype: str) -> tuple[bool, str]:
+    """(passed, tail of the output) of ``dualloss-parity run`` on one fused linear loss and dtype
+    in `directory` (the linear cases, in partial row blocks, every region, strict)."""
+    command = [sys.executable, "-m", "dualloss.parity", "run", "--backends", backend,
+               "--losses", loss, "--dtypes", dtype, "--no-progress"]  # fmt: skip
+    out = subprocess.run(command, cwd=directory, capture_output=True, text=True)
+    if out.returncode not in (0, 1):
+        raise RuntimeError(f"{' '.join(command)} exited {out.returncode}: {out.stderr[-2000:]}")
+    return out.returncode == 0, (out.stdout + out.stderr).strip().splitlines()[-1:]
+
+
 def run(mutation: Mutation, log) -> dict:
     backend = "torch" if mutation.module == "torch_impl" else "jax"
     with tempfile.TemporaryDirectory(prefix="dualloss-mutant-") as tmp:
@@ -228,6 +263,12 @@ def run(mutation: Mutation, log) -> dict:
         path.write_text(text.replace(mutation.old, mutation.new))
         caught = {}
         for dtype in DTYPES:
+            if mutation.loss.startswith("linear_"):
+                # the fused losses have no conformance tests: their parity run, strict standard
+                passed, tail = _parity_run(tmp, backend, mutation.loss, dtype)
+                caught[dtype] = not passed
+                log(f"    {dtype}: {'caught' if not passed else 'MISSED'} {' '.join(tail)[:100]}")
+                continue
             test = (
                 "tests/test_conformance.py::test_backend_matches_spec_on_every_adversarial_case"
                 f"[{backend}-{mutation.loss}-{dtype}]"

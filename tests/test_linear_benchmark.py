@@ -42,6 +42,9 @@ def test_benchmark_parts_run_at_a_tiny_shape():
     memory = linear.jax_memory(32, 8, 100)
     assert memory["unfused"] >= 32 * 100 * 4  # the logits are among XLA's temporaries
     assert linear.torch_memory("ours", 32, 8, 100) >= 0
+    ratios, ours, unfused = linear.torch_pair_ratios(32, 8, 100, pairs=3)
+    assert len(ratios) == len(ours) == len(unfused) == 3
+    assert ratios == [a / b for a, b in zip(ours, unfused, strict=True)]
 
 
 def test_memory_model_uses_the_default_block_of_docs_linear_md():

@@ -81,12 +81,18 @@ WRT = ("hidden", "linear_weight", "bias")
 HALF = ("float16", "bfloat16")
 # (N, H, V) per level: small enough for a 2-core CPU, V prime (no block divides it evenly)
 SHAPES = {"quick": ((45, 16, 97),), "full": ((45, 16, 97), (130, 24, 1031))}
-# the option sets dualloss's own backends are run with ("vector": a ramp over the classes)
+# the option sets dualloss's own backends are run with ("vector": a ramp over the classes).
+# Their chunk sizes leave a partial last block of rows at every shape (the default chunk would
+# take all N rows in one block): 45 = 2 x 16 + 13 = 4 x 11 + 1 (one extra row), 130 = 8 x 16 + 2
+# = 11 x 11 + 9. The spec accepts chunk_size and has nothing to chunk.
 OPTION_SETS = {
-    "linear_softmax_cross_entropy": ({}, {"weight": "vector", "label_smoothing": 0.1}),
+    "linear_softmax_cross_entropy": (
+        {"chunk_size": 16},
+        {"weight": "vector", "label_smoothing": 0.1, "chunk_size": 11},
+    ),
     "linear_softmax_focal_loss": (
-        {"gamma": 2.0},
-        {"gamma": 0.5, "alpha": "vector", "label_smoothing": 0.1},
+        {"gamma": 2.0, "chunk_size": 16},
+        {"gamma": 0.5, "alpha": "vector", "label_smoothing": 0.1, "chunk_size": 11},
     ),
 }
 
