@@ -271,6 +271,9 @@ def _run(args, parser) -> int:
         report.write_json(result, os.path.join(args.report, "parity.json"))
         path = report.write_markdown(result, args.report)
         print(f"report: {path}, {os.path.join(args.report, 'parity.json')}")
+        not_drawn = report.plots_not_drawn(result)
+        if not_drawn:
+            print(f"warning: {not_drawn}.", file=sys.stderr)
     return OK if result.ok else FAILED
 
 
