@@ -111,3 +111,18 @@ def test_importing_dualloss_imports_neither_torch_nor_jax():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.slow
+def test_the_spec_gradient_accuracy_matrices_have_no_parameter_set_that_always_skips():
+    # a parameter set that skips whatever the code does is a test that cannot fail (issue 31):
+    # impossible combinations (a gradient w.r.t. alpha=None, w.r.t. class-index targets) are
+    # left out of the matrices, not skipped at run time
+    tests = "sigmoid_focal_loss_input_grads or reduced_input_grads"
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+         str(ROOT / "tests" / "test_spec_grad_accuracy.py"), "-k", tests],
+        capture_output=True, text=True, cwd=ROOT, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert " passed" in out.stdout and "skipped" not in out.stdout, out.stdout[-3000:]
