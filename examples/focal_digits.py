@@ -1,7 +1,8 @@
 """Focal loss on digits, torch and JAX: the README's figure and table in one command.
 
-    python -m examples.focal_digits                      # writes docs/training-digits.png
-    python -m examples.focal_digits --steps 300 --dtypes float16 --plot /tmp/quick.png
+    python -m examples.focal_digits                # writes focal-digits-out/training-digits.png
+    python -m examples.focal_digits --update-docs  # rewrites docs/training-digits.png
+    python -m examples.focal_digits --steps 300 --dtypes float16 --out /tmp/quick
 
 Runs ``examples.train_torch`` and ``examples.train_jax`` (2000 steps each of the three losses in
 float32, float16 and bfloat16), asks ``dualloss.parity.check`` about the two hand-written losses,
@@ -12,6 +13,7 @@ then draws the loss curves, with the step where each run died marked.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -19,7 +21,8 @@ import numpy as np
 from . import common, train_jax, train_torch
 from .common import Run
 
-FIGURE = "docs/training-digits.png"
+FIGURE = "docs/training-digits.png"  # the README's figure: written only with --update-docs
+OUT = "focal-digits-out"  # untracked (.gitignore)
 COLORS = {"classic": "#d62728", "textbook": "#ff7f0e", "dualloss": "#1f77b4"}
 # classic and dualloss compute the same loss (gamma 2), so their curves coincide until the
 # classic one dies: dualloss is drawn first, wide, and the classic one dashed on top of it
@@ -100,11 +103,25 @@ def plot(runs: list[Run], path: str, steps: int) -> None:
     plt.close(fig)
 
 
+def figure_path(out: str, update_docs: bool) -> str:
+    """Where the figure goes: the tracked docs/training-digits.png only when asked to update the
+    docs, else training-digits.png in `out` (created)."""
+    if update_docs:
+        return FIGURE
+    os.makedirs(out, exist_ok=True)
+    return os.path.join(out, "training-digits.png")
+
+
 def main(argv=None) -> list[Run]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=common.STEPS)
     parser.add_argument("--dtypes", nargs="+", default=list(common.DTYPES))
-    parser.add_argument("--plot", default=FIGURE, help=f"where to save the figure ({FIGURE})")
+    parser.add_argument(
+        "--out", default=OUT, help=f"directory for the figure, training-digits.png (default {OUT})"
+    )
+    parser.add_argument(
+        "--update-docs", action="store_true", help=f"write the README's figure, {FIGURE}, instead"
+    )
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--full-oracle", action="store_true", help="float64 and Hypothesis too")
     args = parser.parse_args(argv)
@@ -122,8 +139,9 @@ def main(argv=None) -> list[Run]:
     print()
     print(common.table(runs))
     if not args.no_plot:
-        plot(runs, args.plot, args.steps)
-        print(f"\nfigure: {args.plot}")
+        path = figure_path(args.out, args.update_docs)
+        plot(runs, path, args.steps)
+        print(f"\nfigure: {path}")
     print(f"total: {time.perf_counter() - start:.0f} s")
     return runs
 

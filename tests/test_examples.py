@@ -1,10 +1,10 @@
 """The README's training example states facts; a shortened run of it checks them.
 
-The README's table (``python -m examples.focal_digits``, 2000 steps) says that in float16 the two
-hand-written focal losses drive the weights to NaN within a few hundred steps and dualloss does
-not, and that ``dualloss.parity.check`` flags both hand-written losses before any training. Here:
-600 steps in float16 (the same seed, weights and batch order, so the first 600 steps are the
-README run's first 600), in torch and in JAX, and the oracle on both losses.
+The README's table (``python -m examples.focal_digits --update-docs``, 2000 steps) says that in
+float16 the two hand-written focal losses drive the weights to NaN within a few hundred steps and
+dualloss does not, and that ``dualloss.parity.check`` flags both hand-written losses before any
+training. Here: 600 steps in float16 (the same seed, weights and batch order, so the first 600
+steps are the README run's first 600), in torch and in JAX, and the oracle on both losses.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def test_readme_table_says_naive_losses_die_in_float16_and_dualloss_does_not(cla
             step = claims[(framework, loss)]
             assert step is not None and step <= STEPS, (
                 f"README: {framework} {loss} float16 should die within {STEPS} steps; "
-                f"it says {step} [rerun python -m examples.focal_digits]"
+                f"it says {step} [rerun python -m examples.focal_digits --update-docs]"
             )
         assert claims[(framework, "dualloss")] is None
 
@@ -100,3 +100,32 @@ def test_oracle_flags_the_hand_written_losses_with_a_reproducer(framework, capsy
 
 def _finite(value: float) -> bool:
     return value == value and abs(value) != float("inf")
+
+
+def test_focal_digits_writes_its_figure_to_the_output_directory_not_to_docs(tmp_path, monkeypatch):
+    # `python -m examples.focal_digits` must not rewrite the tracked docs/training-digits.png
+    # unless asked (--update-docs); the training and the oracle are stubbed: only where the
+    # figure goes is tested here
+    from examples import focal_digits
+
+    def fake_runs(steps, dtypes):
+        return [
+            common.Run(framework, loss, dtype, steps, losses=[1.0, 0.5], grad_norms=[1.0, 1.0],
+                       train_accuracy=0.5, test_accuracy=0.5)
+            for framework in ("torch", "jax") for loss, _, _ in common.LOSSES for dtype in dtypes
+        ]  # fmt: skip
+
+    monkeypatch.setattr(
+        train_torch, "train_all", lambda steps, dtypes: fake_runs(steps, dtypes)[:3]
+    )
+    monkeypatch.setattr(train_jax, "train_all", lambda steps, dtypes: fake_runs(steps, dtypes)[3:])
+    monkeypatch.setattr(train_torch, "oracle", lambda full=False: [])
+    monkeypatch.setattr(train_jax, "oracle", lambda full=False: [])
+    docs_figure = os.path.join(ROOT, focal_digits.FIGURE)
+    before = os.stat(docs_figure).st_mtime_ns
+    monkeypatch.chdir(tmp_path)  # a relative docs/training-digits.png would land here
+    focal_digits.main(["--steps", "2", "--dtypes", "float32", "--out", str(tmp_path / "out")])
+    assert (tmp_path / "out" / "training-digits.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "docs").exists()
+    assert os.stat(docs_figure).st_mtime_ns == before
+    assert focal_digits.figure_path("elsewhere", update_docs=True) == focal_digits.FIGURE

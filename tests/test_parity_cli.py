@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -148,3 +149,43 @@ def test_loss_oracle_fixture(loss_oracle):
     report = loss_oracle(F.binary_cross_entropy_with_logits, "sigmoid_cross_entropy",
                          backend="torch", dtypes=["float32"], max_examples=5)  # fmt: skip
     assert report.ok, report
+
+
+def _help(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines: one space each
+
+
+def test_smoke_help_lists_every_step(capsys):
+    from dualloss.parity import smoke
+
+    text = _help(["smoke", "--help"], capsys)
+    missing = [step for step in smoke.STEPS if step not in text]
+    assert not missing, f"`smoke --help` does not name {missing}: {text}"
+
+
+def test_run_help_lists_every_region_and_loss(capsys):
+    from dualloss import losses
+
+    text = _help(["run", "--help"], capsys)
+    names = [*losses.REGIONS, *losses.LINEAR_REGIONS, *losses.NAMES, *losses.LINEAR_NAMES]
+    missing = [name for name in names if name not in text]
+    assert not missing, f"`run --help` does not name {missing}: {text}"
+
+
+def test_quick_run_time_is_one_figure_in_help_readme_and_docs(capsys):
+    from dualloss.parity.__main__ import QUICK_RUN_TIME
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    assert QUICK_RUN_TIME in _help(["run", "--help"], capsys)
+    for name in ("README.md", os.path.join("docs", "parity.md")):
+        with open(os.path.join(root, name), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        text = " ".join(" ".join(lines).split())
+        assert QUICK_RUN_TIME in text, f"{name} does not give the quick run's time as the CLI does"
+        # no other figure beside a quick run's command ('# ~2 min on 2 CPU cores')
+        stale = [line for line in lines if "run --quick" in line
+                 and re.search(r"\d\s*min", line) and QUICK_RUN_TIME not in line]  # fmt: skip
+        assert not stale, f"{name}: {stale}"

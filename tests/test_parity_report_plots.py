@@ -5,6 +5,7 @@ figure objects are inspected, not only the files)."""
 from __future__ import annotations
 
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -16,6 +17,8 @@ torch = pytest.importorskip("torch")
 matplotlib = pytest.importorskip("matplotlib")
 F = torch.nn.functional
 LOSS = "softmax_focal_loss"
+PLOTS = {"overview.png", f"margin_{LOSS}.png", f"nonfinite_{LOSS}_torch_impl.png",
+         f"nonfinite_{LOSS}_readme_focal.png"}  # fmt: skip
 
 
 def readme_focal(x, t, gamma=2.0):
@@ -67,10 +70,7 @@ def test_report_writes_every_figure_as_a_nonempty_png(result, tmp_path):
     path = report.write_markdown(result, str(tmp_path))
     text = open(path).read()
     names = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", text)
-    assert set(names) == {
-        "overview.png", f"margin_{LOSS}.png", f"nonfinite_{LOSS}_torch_impl.png",
-        f"nonfinite_{LOSS}_readme_focal.png",
-    }  # fmt: skip
+    assert set(names) == PLOTS
     for name in names:
         data = (tmp_path / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n", name
@@ -78,6 +78,40 @@ def test_report_writes_every_figure_as_a_nonempty_png(result, tmp_path):
         image = imread(tmp_path / name)
         assert image.shape[0] > 150 and image.shape[1] > 400, (name, image.shape)
         assert image[..., :3].std() > 0.05, f"{name} is blank"
+
+
+def test_report_without_matplotlib_names_the_plots_it_could_not_draw_and_why(
+    result, tmp_path, monkeypatch
+):
+    # a misspelt extra (`.[torch,jax,reprot]`) leaves matplotlib out: the report must say so
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    text = open(report.write_markdown(result, str(tmp_path))).read()
+    assert not list(tmp_path.glob("*.png"))
+    [line] = [line for line in text.splitlines() if "Not drawn" in line]
+    assert all(name in line for name in PLOTS), line
+    assert "matplotlib" in line and "pip install 'dualloss[report]'" in line, line
+
+
+def test_run_without_matplotlib_says_on_stderr_which_plots_it_could_not_draw(
+    tmp_path, monkeypatch, capsys
+):
+    from dualloss.parity.__main__ import main
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    main(["run", "--backends", "torch", "--dtypes", "float32", "--losses", LOSS, "--regions",
+          "confident_correct", "--report", str(tmp_path), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert "plots not drawn" in err and f"margin_{LOSS}.png" in err, err
+    assert "pip install 'dualloss[report]'" in err, err
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_report_with_matplotlib_says_nothing_is_missing(result, tmp_path):
+    assert report.plots_not_drawn(result) is None
+    text = open(report.write_markdown(result, str(tmp_path))).read()
+    assert "Not drawn" not in text
 
 
 def test_margin_figure_has_both_regions_labelled_the_failure_line_and_a_legend(result, plt):

@@ -157,16 +157,21 @@ def _nominal_margin(record) -> float | None:
     return -margin if record.region == "confident_wrong" else margin
 
 
+REPORT_EXTRA = "pip install 'dualloss[report]'"
+OVERVIEW_TITLE = "overview: worst error / tolerance per implementation and region"
+
+
 def _pyplot():
-    """matplotlib.pyplot on the Agg backend (files only), or None when matplotlib is missing."""
+    """(matplotlib.pyplot on the Agg backend (files only), None), or (None, why) when
+    matplotlib cannot be imported."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    return plt
+    except ImportError as error:
+        return None, str(error)
+    return plt, None
 
 
 def _margin_records(result: RunResult) -> list:
@@ -224,9 +229,42 @@ def margin_figure(loss: str, records, plt):
     return fig
 
 
+def _focal_margin_groups(margin_records) -> dict:
+    focal = [r for r in margin_records if losses.get(r.loss).is_focal]
+    return dict(sorted(_group(focal, ("loss", "impl")).items()))
+
+
+def planned_plots(result: RunResult) -> list[tuple[str, str]]:
+    """(title, file) of each plot the report of `result` draws when matplotlib is installed."""
+    planned = []
+    if any(r.kind != "skipped" for r in result.records):
+        planned.append((OVERVIEW_TITLE, "overview.png"))
+    margin_records = _margin_records(result)
+    for (loss,) in sorted(_group(margin_records, ("loss",))):
+        planned.append((f"{loss}: error / tolerance vs margin", f"margin_{loss}.png"))
+    for loss, impl in _focal_margin_groups(margin_records):
+        planned.append((f"non-finite map {impl} {loss}", _nonfinite_name(loss, impl)))
+    return planned
+
+
+def plots_not_drawn(result: RunResult) -> str | None:
+    """One sentence naming the plots of `result` that cannot be drawn, and why (matplotlib is
+    missing); None when they can all be drawn."""
+    plt, why = _pyplot()
+    planned = planned_plots(result)
+    if plt is not None or not planned:
+        return None
+    names = ", ".join(name for _, name in planned)
+    return (
+        f"{len(planned)} plots not drawn ({names}): matplotlib cannot be imported ({why});"
+        f" {REPORT_EXTRA} installs it"
+    )
+
+
 def _plots(result: RunResult, directory: str) -> list[tuple[str, str]]:
-    """(title, file) of each plot written; none when matplotlib is missing."""
-    plt = _pyplot()
+    """(title, file) of each plot written; none when matplotlib is missing (plots_not_drawn
+    says so)."""
+    plt, _ = _pyplot()
     if plt is None:
         return []
     written = []
@@ -240,8 +278,7 @@ def _plots(result: RunResult, directory: str) -> list[tuple[str, str]]:
         fig.savefig(os.path.join(directory, name), dpi=90, bbox_inches="tight")
         plt.close(fig)
         written.append((f"{loss}: error / tolerance vs margin", name))
-    focal = [r for r in margin_records if losses.get(r.loss).is_focal]
-    for (loss, impl), records in sorted(_group(focal, ("loss", "impl")).items()):
+    for (loss, impl), records in _focal_margin_groups(margin_records).items():
         written.append(_nonfinite_map(loss, impl, records, directory, plt))
     return written
 
@@ -277,9 +314,13 @@ def nonfinite_figure(loss, impl, records, plt):
     return fig
 
 
+def _nonfinite_name(loss: str, impl: str) -> str:
+    return f"nonfinite_{loss}_{impl}.png".replace(" ", "_").replace("(", "").replace(")", "")
+
+
 def _nonfinite_map(loss, impl, records, directory, plt) -> tuple[str, str]:
     fig = nonfinite_figure(loss, impl, records, plt)
-    name = f"nonfinite_{loss}_{impl}.png".replace(" ", "_").replace("(", "").replace(")", "")
+    name = _nonfinite_name(loss, impl)
     fig.savefig(os.path.join(directory, name), dpi=90, bbox_inches="tight")
     plt.close(fig)
     return (f"non-finite map {impl} {loss}", name)
@@ -342,7 +383,7 @@ def _overview_plot(result: RunResult, directory: str, plt) -> tuple[str, str] | 
     name = "overview.png"
     fig.savefig(os.path.join(directory, name), dpi=90, bbox_inches="tight")
     plt.close(fig)
-    return ("overview: worst error / tolerance per implementation and region", name)
+    return (OVERVIEW_TITLE, name)
 
 
 def write_markdown(result: RunResult, directory: str) -> str:
@@ -384,10 +425,13 @@ def write_markdown(result: RunResult, directory: str) -> str:
     for d in result.diagnostics[:40]:
         lines.append(f"| {d['loss']} | {d['dtype']} | {d['pair']} | {_fmt(d['max_ulp'])} | "
                      f"{d['case']} |")  # fmt: skip
-    if plots:
+    not_drawn = plots_not_drawn(result)
+    if plots or not_drawn:
         lines += ["", "## Plots", ""]
         for title, name in plots:
             lines += [f"### {title}", "", f"![{title}]({name})", ""]
+        if not_drawn:
+            lines.append(f"**Not drawn**: {not_drawn}.")
     if result.notes:
         lines += ["", "## Notes", ""] + [f"- {n}" for n in result.notes]
     path = os.path.join(directory, "report.md")
