@@ -1,7 +1,8 @@
 """``check``: the oracle for any loss function: feature probes, adversarial cases, Hypothesis.
 
     report = check(my_loss, "softmax_focal_loss", backend="torch", options={"gamma": 0.5})
-    assert report.ok, report
+    report.assert_ok()  # in a test: fails it with the whole report (``assert report.ok, report``
+                        # shows pytest's 240-character repr of it, reproducers cut)
 
 `candidate(logits, targets)` takes the backend's layout (torch: class dim 1; JAX: class axis -1)
 and returns the loss reduced as ``options["reduction"]`` (default "mean"); its gradient comes
@@ -72,6 +73,11 @@ GRAD_PREFIX = "grad:"
 _SUBJECT = re.compile(r"^gradient w\.r\.t\. (\w+)")
 
 
+# said when the candidate has no name to call it by (a lambda, a partial, a callable object)
+UNNAMED_NOTE = ("the reproducers call your function `candidate` (it has no name of its own): "
+                "bind it first, `candidate = <your function>`")  # fmt: skip
+
+
 def _feature_name(feature: str) -> str:
     if feature.startswith(GRAD_PREFIX):
         return f"gradient w.r.t. {feature[len(GRAD_PREFIX) :]} not available"
@@ -122,6 +128,15 @@ class CheckReport:
 
     def __bool__(self) -> bool:
         return self.ok
+
+    def assert_ok(self) -> CheckReport:
+        """Raises ``AssertionError`` whose message is the whole report (every reproducer) unless
+        `.ok`; returns the report. Use it in tests: ``assert report.ok, report`` hands pytest
+        the report object, which it shows as a repr cut to 240 characters."""
+        __tracebackhide__ = True  # pytest: the failure points at the caller's line
+        if not self.ok:
+            raise AssertionError("\n" + str(self))
+        return self
 
     def __str__(self) -> str:
         options = ", ".join(f"{k}={_plain(v)}" for k, v in self.options.items()) or "defaults"
@@ -193,7 +208,10 @@ def _describe(i: int, hazard: Hazard) -> list[str]:
 
 
 def _name_of(candidate) -> tuple[str, str, str]:
-    """(display name, import line, call expression) for reproducers."""
+    """(display name, import line, call expression) for reproducers: an importable function is
+    imported by its module; one that is not (defined in ``__main__``, a notebook, inside a test)
+    is called by its own name, so that the line runs pasted next to its definition. Only what
+    has no name (a lambda, a partial, a callable object) is called ``candidate``."""
     module = getattr(candidate, "__module__", None)
     qualname = getattr(candidate, "__qualname__", None) or getattr(candidate, "__name__", None)
     if module and qualname and "<" not in qualname and module != "__main__":
@@ -204,9 +222,12 @@ def _name_of(candidate) -> tuple[str, str, str]:
             if obj is candidate:
                 top = qualname.split(".")[0]
                 return f"{module}.{qualname}", f"from {module} import {top}", qualname
-        except Exception:  # noqa: BLE001 - then the reproducer names it `candidate`
+        except Exception:  # noqa: BLE001 - then the reproducer calls it by its own name
             pass
     name = qualname or repr(candidate)
+    own = getattr(candidate, "__name__", "")
+    if inspect.isfunction(candidate) and own.isidentifier() and own != "<lambda>":
+        return name, "", own
     return name, "", "candidate"
 
 
@@ -557,11 +578,14 @@ def check(
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
     impl = _implementation(candidate, reference, backend, options, binary_targets)
     takes = _named_options(candidate, info, options)
+    unnamed = _name_of(candidate)[2] == "candidate"
     label, dev = D.one_device(backend, device)
     mode = "jit" if (jit and backend == "jax") else "eager"
     report = CheckReport(impl.name, reference, backend, options, standard, dtypes, device=label)
     report.precision = D.pin_precision([backend])
     hazards: dict[tuple[str, str, str], Hazard] = {}
+    if unnamed:
+        report.notes.append(UNNAMED_NOTE)
     closed_over = [o.name for o in info.options if o.differentiable and o.name not in takes
                    and options.get(o.name) is not None]  # fmt: skip
     if closed_over:
@@ -640,6 +664,13 @@ def check(
     if report.cases_judged == 0 and not report.hazards:
         report.notes.append("nothing was judged: every case used a feature the candidate lacks")
     return report
+
+
+def assert_passes(candidate, reference: str, **kwargs) -> CheckReport:
+    """``check(candidate, reference, **kwargs).assert_ok()``: in a test, fails it with the whole
+    report (every reproducer); returns the report when it holds."""
+    __tracebackhide__ = True
+    return check(candidate, reference, **kwargs).assert_ok()
 
 
 def _note_input_grads(report, impl, prep, outcome, kind) -> None:

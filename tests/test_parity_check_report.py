@@ -1,0 +1,132 @@
+"""What a user of ``parity.check`` reads (issue 31): a failing test shows the whole report, the
+reproducers run where the user's function lives, the decisive finding comes first, and a JAX check
+takes seconds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dualloss.parity import check
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+QUICK = {"dtypes": ["float32"], "max_examples": 0}
+
+
+def nll_of_log_softmax(logits, targets):
+    return F.nll_loss(F.log_softmax(logits, dim=1), targets)
+
+
+def clamped_logits(logits, targets):
+    return F.cross_entropy(logits.clamp(-1e3, 1e3), targets)
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 4: a failing test shows the whole report
+# ----------------------------------------------------------------------------------------------
+
+
+def test_assert_ok_fails_a_pytest_test_with_every_line_of_the_report(tmp_path):
+    written = tmp_path / "report.txt"
+    test_file = tmp_path / "test_user_loss.py"
+    test_file.write_text(
+        textwrap.dedent(
+            f"""
+            import torch.nn.functional as F
+            from dualloss.parity import check
+
+            def my_clamped(logits, targets):
+                return F.cross_entropy(logits.clamp(-1e3, 1e3), targets)
+
+            def test_my_loss():
+                report = check(my_clamped, "softmax_cross_entropy", backend="torch",
+                               dtypes=["float32"], max_examples=0)
+                open({str(written)!r}, "w").write(str(report))
+                report.assert_ok()
+            """
+        )
+    )
+    # this checkout's dualloss, not an installed one
+    root = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(test_file)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300, env=env,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stdout + run.stderr
+    report = written.read_text()
+    assert len(report) > 1000 and "reproduce: " in report
+    shown = run.stdout
+    for line in report.splitlines():
+        assert line.strip() in shown, f"pytest's output lacks {line!r}:\n{shown}"
+
+
+def test_assert_ok_returns_the_report_when_it_holds_and_raises_with_it_otherwise():
+    sound = check(nll_of_log_softmax, "softmax_cross_entropy", backend="torch", **QUICK)
+    assert sound.assert_ok() is sound
+    broken = check(clamped_logits, "softmax_cross_entropy", backend="torch", **QUICK)
+    with pytest.raises(AssertionError) as raised:
+        broken.assert_ok()
+    assert str(raised.value).strip() == str(broken).strip()
+
+
+def test_assert_passes_checks_and_raises_with_the_whole_report():
+    from dualloss.parity import assert_passes
+
+    with pytest.raises(AssertionError, match=r"(?s)FAILS.*reproduce: .*clamped_logits\(x, t\)"):
+        assert_passes(clamped_logits, "softmax_cross_entropy", backend="torch", **QUICK)
+    report = assert_passes(nll_of_log_softmax, "softmax_cross_entropy", backend="torch",
+                           **QUICK)  # fmt: skip
+    assert report.ok
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 5: reproducers call the function the user passed, by its name
+# ----------------------------------------------------------------------------------------------
+
+MAIN_SOURCE = """
+import torch
+import torch.nn.functional as F
+
+def my_focal(logits, targets):
+    return F.cross_entropy(logits.clamp(-1e3, 1e3), targets)
+"""
+
+
+def test_reproducer_of_a_function_defined_in_main_runs_next_to_its_definition():
+    namespace = {"__name__": "__main__"}
+    exec(compile(MAIN_SOURCE, "<user's script>", "exec"), namespace)
+    my_focal = namespace["my_focal"]
+    assert my_focal.__module__ == "__main__"
+    report = check(my_focal, "softmax_cross_entropy", backend="torch", **QUICK)
+    assert not report.ok
+    line = report.failures[0].reproducer
+    assert "my_focal(x, t)" in line and "candidate" not in line, line
+    # pasted into the user's script: only its own names are there
+    exec(compile(line, "<reproducer>", "exec"), dict(namespace))
+
+
+def test_reproducer_of_a_local_function_calls_it_by_its_name():
+    def local_clamped(logits, targets):
+        return F.cross_entropy(logits.clamp(-1e3, 1e3), targets)
+
+    report = check(local_clamped, "softmax_cross_entropy", backend="torch", **QUICK)
+    line = report.failures[0].reproducer
+    assert "local_clamped(x, t)" in line, line
+    exec(compile(line, "<reproducer>", "exec"), {"local_clamped": local_clamped})
+
+
+def test_a_lambda_is_called_candidate_and_the_report_says_so():
+    report = check(lambda x, t: F.cross_entropy(x.clamp(-1e3, 1e3), t), "softmax_cross_entropy",
+                   backend="torch", **QUICK)  # fmt: skip
+    assert "candidate(x, t)" in report.failures[0].reproducer
+    assert "`candidate = <your function>`" in str(report)
+    sound = check(nll_of_log_softmax, "softmax_cross_entropy", backend="torch", **QUICK)
+    assert "`candidate`" not in str(sound) and "candidate(x, t)" not in str(sound)
