@@ -1,11 +1,12 @@
-"""The verdicts of ``tolerance.judge`` sit where ``tolerance.py``'s docstring derives them (issue 31,
-item 12): an error planted just inside the documented tolerance passes, one just beyond it fails,
-for the value and the gradient, in each standard and dtype.
+"""The verdicts of ``tolerance.judge`` sit where ``tolerance.py``'s docstring derives them
+(issue 31, item 12): an error planted just inside the documented tolerance passes, one just
+beyond it fails, for the value and the gradient, in each standard and dtype.
 
 The tolerances are recomputed here from the docstring's formulas for sigmoid cross entropy with
-hard targets and reduction 'none' (the one configuration where every term is a closed form), with
-this file's own ULP function and the spec's value and gradient (the reference, whose spread the
-strict standard measures), never with ``tolerance.py``'s helpers: scaling both tolerances of ``judge`` by 100 (or by 1/100) fails these tests."""
+hard targets and reduction 'none' (the one configuration where every term is a closed form),
+with this file's own ULP function and the spec's value and gradient (the reference, whose spread
+the strict standard measures), never with ``tolerance.py``'s helpers: scaling both tolerances of
+``judge`` by 100 (or by 1/100) fails these tests."""
 
 from __future__ import annotations
 
