@@ -129,3 +129,66 @@ def test_a_lambda_is_called_candidate_and_the_report_says_so():
     assert "`candidate = <your function>`" in str(report)
     sound = check(nll_of_log_softmax, "softmax_cross_entropy", backend="torch", **QUICK)
     assert "`candidate`" not in str(sound) and "candidate(x, t)" not in str(sound)
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 7: a JAX check runs under jax.jit by default, and says what ran
+# ----------------------------------------------------------------------------------------------
+
+
+def _jax_focal(logits, targets):
+    jax = pytest.importorskip("jax")
+    log_pt = jax.numpy.take_along_axis(
+        jax.nn.log_softmax(logits, axis=-1), targets[:, None], axis=-1
+    )[:, 0]
+    return (-((1 - jax.numpy.exp(log_pt)) ** 2) * log_pt).mean()
+
+
+def _no_ignored_labels(logits, targets):
+    """Eager-only: Python control flow on the (integer) targets, concrete eagerly, traced by jit."""
+    jax = pytest.importorskip("jax")
+    if bool(jax.numpy.any(targets < 0)):
+        raise ValueError("no ignored labels")
+    log_p = jax.nn.log_softmax(logits, axis=-1)
+    return -jax.numpy.take_along_axis(log_p, targets[..., None], axis=-1).mean()
+
+
+def _float_of_logits(logits, targets):
+    """float() on a value computed from the logits: autodiff traces them in either mode."""
+    jax = pytest.importorskip("jax")
+    if float(jax.numpy.max(logits)) > 1e30:
+        return jax.numpy.nan
+    log_p = jax.nn.log_softmax(logits, axis=-1)
+    return -jax.numpy.take_along_axis(log_p, targets[..., None], axis=-1).mean()
+
+
+def test_a_jax_check_runs_under_jit_by_default_and_the_report_says_so():
+    pytest.importorskip("jax")
+    report = check(_jax_focal, "softmax_focal_loss", backend="jax", options={"gamma": 2.0},
+                   dtypes=["float32"], max_examples=5, skip=("ignored", "all_ignored"))  # fmt: skip
+    assert report.mode == "jit"
+    assert "ran: under jax.jit" in str(report)
+    eager = check(_jax_focal, "softmax_focal_loss", backend="jax", options={"gamma": 2.0},
+                  dtypes=["float32"], max_examples=0, skip=("ignored", "all_ignored"),
+                  jit=False)  # fmt: skip
+    assert eager.mode == "eager" and "ran: eagerly, op by op (jit=False)" in str(eager)
+
+
+def test_an_eager_only_jax_candidate_runs_eagerly_and_the_report_says_why():
+    pytest.importorskip("jax")
+    report = check(_no_ignored_labels, "softmax_cross_entropy", backend="jax",
+                   dtypes=["float32"], max_examples=0)  # fmt: skip
+    assert report.mode == "eager"
+    assert "jax.jit cannot trace the candidate (TracerBoolConversionError" in str(report)
+    assert report.cases_judged > 0
+    assert "ignored" in report.unsupported  # its ValueError, raised eagerly, is its own
+
+
+def test_float_of_the_logits_fails_with_a_message_that_says_why():
+    pytest.importorskip("jax")
+    report = check(_float_of_logits, "softmax_cross_entropy", backend="jax",
+                   dtypes=["float32"], max_examples=0)  # fmt: skip
+    assert not report.ok
+    (problem,) = report.failures[0].problems
+    assert "ConcretizationTypeError" in problem and "it raises eagerly too" in problem, problem
+    assert "jnp.where" in problem

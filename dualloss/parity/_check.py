@@ -116,6 +116,9 @@ class CheckReport:
     precision: dict = field(default_factory=dict)
     # how many cases judged the gradient w.r.t. 'targets' and each option the candidate takes
     judged_grads: dict[str, int] = field(default_factory=dict)
+    # how the candidate ran: 'eager' or 'jit' (JAX: jax.jit, the default), and why not jit
+    mode: str = "eager"
+    eager_because: str = ""
     _grad_sizes: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
@@ -158,6 +161,7 @@ class CheckReport:
         lines = [
             f"{self.candidate} vs spec.{self.reference} ({self.backend}; {options}): {verdict}",
             f"  device: {on}",
+            f"  ran: {_ran(self)}",
             f"  {self.cases_judged} of {self.cases_run} adversarial cases judged "
             f"({', '.join(self.dtypes)}), {self.examples_run} Hypothesis examples, "
             f"{self.standard} standard",
@@ -175,6 +179,47 @@ class CheckReport:
         return "\n".join(lines)
 
     __repr__ = __str__
+
+
+def _ran(report: CheckReport) -> str:
+    """How the candidate ran, for the report."""
+    if report.backend != "jax":
+        return "eagerly"
+    if report.mode == "jit":
+        return "under jax.jit (one compilation per input shape; jit=False for eager-only code)"
+    if report.eager_because:
+        why = report.eager_because
+        return f"eagerly, op by op (slow): jax.jit cannot trace the candidate ({why})"
+    return "eagerly, op by op (jit=False)"
+
+
+# the errors of a JAX function that jax.jit cannot trace (Python control flow or float() on a
+# traced value, ...): the same call may work eagerly
+TRACER_ERRORS = (
+    "ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
+    "TracerArrayConversionError", "UnexpectedTracerError", "NonConcreteBooleanIndexError",
+)  # fmt: skip
+JIT_HINT = "jax.jit could not trace it: pass jit=False if the function is eager-only"
+# when it raises so eagerly too: autodiff (jax.vjp) traces the logits in either mode
+VJP_HINT = ("it raises eagerly too: jax.vjp traces the logits, so float(), bool() or an `if` "
+            "on a value computed from them cannot be differentiated; use jnp.where or "
+            "jax.lax.cond")  # fmt: skip
+
+
+def _untraceable(impl, reference, options, binary, dtype, device, standard) -> tuple[str, bool]:
+    """(the error of a probe that raises under jax.jit for want of a concrete value and works
+    eagerly, or ''; whether such an error was also raised eagerly)."""
+    eagerly_too = False
+    for case in probes(reference, options, binary).values():
+        prep = B.prepare(case, dtype)
+        kind, _, outcome = evaluate(impl, prep, device, True, standard)
+        if kind == "error" and outcome.error.startswith(TRACER_ERRORS):
+            eager_kind, _, eager = evaluate(impl, prep, device, False, standard)
+            if eager_kind != "error":
+                error = outcome.error
+                return (error if len(error) <= 120 else error[:117] + "..."), False
+            eagerly_too = eagerly_too or eager.error.startswith(TRACER_ERRORS)
+    return "", eagerly_too
 
 
 def _plain(value) -> str:
@@ -510,7 +555,7 @@ def check(
     max_examples: int | None = None,
     skip=(),
     device: str | None = None,
-    jit: bool = False,
+    jit: bool | None = None,
     stop_at_first: bool = False,
     standard: str = "practical",
     binary_targets: bool = False,
@@ -536,7 +581,11 @@ def check(
       device: 'cpu' (the default, for both backends) or 'gpu:N' (alias 'cuda:N'); a device the
         backend does not see raises ``devices.DeviceError`` (a ValueError). On a CUDA device,
         inputs with ignored labels run on the CPU first (see ``backends.run_case``).
-      jit: for JAX, wrap the candidate in ``jax.jit``.
+      jit: JAX: run the candidate under ``jax.jit`` (the default, None, for JAX: one compilation
+        per input shape, where eager JAX compiles every primitive for every shape and a check
+        takes minutes). A candidate that jax.jit cannot trace (``float()`` or an ``if`` on a
+        traced value) runs eagerly, and the report says why; ``jit=False`` runs it eagerly from
+        the start. torch: ignored (eager).
       stop_at_first: stop after the first dtype that fails (faster on broken losses).
       standard: 'practical' (default: backward stable, accurate at the whole result's scale) or
         'strict' (the standard dualloss's own backends are held to); see ``tolerance.py``.
@@ -547,6 +596,7 @@ def check(
       expected vs received, and one line of Python that reproduces it), ``.unsupported``,
       readable ``str()``.
     """
+    jit = backend == "jax" if jit is None else bool(jit)
     if reference in losses.LINEAR_NAMES:
         # the fused linear losses: their own cases and bound (``parity.linear``)
         from .linear import check as check_linear
@@ -580,9 +630,17 @@ def check(
     takes = _named_options(candidate, info, options)
     unnamed = _name_of(candidate)[2] == "candidate"
     label, dev = D.one_device(backend, device)
-    mode = "jit" if (jit and backend == "jax") else "eager"
     report = CheckReport(impl.name, reference, backend, options, standard, dtypes, device=label)
     report.precision = D.pin_precision([backend])
+    jit = jit and backend == "jax"
+    if jit:
+        report.eager_because, eagerly_too = _untraceable(
+            impl, reference, _for_dtype(options, takes, dtypes[0]), binary_targets, dtypes[0], dev,
+            standard,
+        )  # fmt: skip
+        jit = not report.eager_because
+    hint = VJP_HINT if jit and eagerly_too else JIT_HINT
+    mode = report.mode = "jit" if jit else "eager"
     hazards: dict[tuple[str, str, str], Hazard] = {}
     if unnamed:
         report.notes.append(UNNAMED_NOTE)
@@ -597,6 +655,9 @@ def check(
         )
 
     def record(failure: Failure, region: str, dtype: str) -> None:
+        if failure.kind == "error" and jit and any(
+                name in p for p in failure.problems for name in TRACER_ERRORS):  # fmt: skip
+            failure.problems = [f"{p} ({hint})" for p in failure.problems]
         # a problem only in the gradient w.r.t. targets or an option is a distinct hazard
         subjects = {m.group(1) for m in map(_SUBJECT.match, failure.problems) if m}
         only = "/".join(sorted(subjects)) if subjects and all(
