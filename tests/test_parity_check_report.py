@@ -10,6 +10,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dualloss.parity import check
@@ -192,3 +193,74 @@ def test_float_of_the_logits_fails_with_a_message_that_says_why():
     (problem,) = report.failures[0].problems
     assert "ConcretizationTypeError" in problem and "it raises eagerly too" in problem, problem
     assert "jnp.where" in problem
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 6: the decisive finding first, one entry per cause, no sub-ULP "ULP", scoped regions named
+# ----------------------------------------------------------------------------------------------
+
+
+def eps_focal(logits, targets):
+    """-(1 - p)^2 log(softmax + 1e-8) at the target: 18.3 where the truth is 20.9 at margin 20,
+    a gradient of -0.075 where it is -1, and a relative bias of ~1e-8 everywhere else."""
+    p = F.softmax(logits, dim=1)
+    log_pt = torch.log(p + 1e-8).gather(1, targets[:, None])[:, 0]
+    pt = p.gather(1, targets[:, None])[:, 0]
+    return (-((1 - pt) ** 2) * log_pt).mean()
+
+
+def test_the_finding_at_the_results_scale_comes_first_and_one_cause_is_one_entry():
+    report = check(eps_focal, "softmax_focal_loss", backend="torch", options={"gamma": 2.0},
+                   max_examples=20)  # fmt: skip
+    first = report.hazards[0]
+    assert first.consequence == "wrong at the result's scale"
+    assert first.region in ("confident_wrong", "confident_correct", "classes")
+    assert first.failure.scaled_error > 0.05
+    text = str(report)
+    entries = [line for line in text.splitlines() if line[:1].isdigit()]
+    assert entries[0].startswith("1. [wrong at the result's scale]"), text
+    # the ~1e-8 bias in every other region is one entry, below the decisive one
+    assert len(entries) == 2 and entries[1].startswith("2. [accuracy]"), text
+    assert len(text.splitlines()) <= 40, text
+    assert len(report.hazards) > len(entries)  # every region's reproducer is still kept
+
+
+def test_a_failure_where_the_spec_gives_zero_is_not_counted_in_ulps_of_one():
+    from dualloss.parity import judge
+
+    logits = np.array([[0.5, -np.inf, -np.inf]])  # one finite class: p = 1, loss 0, gradient 0
+    grad = np.array([[1e-24, 0.0, 0.0]])
+    judgement = judge("softmax_focal_loss", logits, np.array([0]),
+                      {"gamma": 2.0, "reduction": "none"}, "float64", np.array([0.0]), grad,
+                      standard="practical")  # fmt: skip
+    (problem,) = judgement.inaccurate
+    assert "ULP" not in problem and "the spec gives exactly 0 here" in problem, problem
+
+
+def one_hot_times_log_softmax(logits, targets):
+    """NaN where a logit is -inf: 0 * -inf, the classic of masked logits."""
+    one_hot = F.one_hot(targets, logits.shape[1]).movedim(-1, 1).to(logits.dtype)
+    return -(one_hot * F.log_softmax(logits, dim=1)).sum(1).mean()
+
+
+def rounded_targets_bce(logits, targets):
+    """Right for targets 0 and 1 (value and gradients), wrong for soft targets."""
+    hard = (targets == 0.0) | (targets == 1.0)
+    return F.binary_cross_entropy_with_logits(logits, torch.where(hard, targets, targets.round()))
+
+
+def test_a_failure_only_with_masked_logits_names_the_skip_that_scopes_it():
+    report = check(one_hot_times_log_softmax, "softmax_cross_entropy", backend="torch", **QUICK)
+    assert not report.ok and {h.region for h in report.hazards} == {"masked"}
+    text = " ".join(str(report).split())
+    assert "only with -inf logits (class masks)" in text, text
+    assert "skip=('masked', 'masked_soft')" in text and "torch.finfo(dtype).min" in text
+
+
+def test_a_failure_only_with_soft_targets_names_binary_targets():
+    report = check(rounded_targets_bce, "sigmoid_cross_entropy", backend="torch", **QUICK)
+    assert not report.ok
+    text = " ".join(str(report).split())
+    assert "only with soft targets" in text and "binary_targets=True" in text, text
+    assert check(rounded_targets_bce, "sigmoid_cross_entropy", backend="torch",
+                 binary_targets=True, **QUICK).ok  # fmt: skip

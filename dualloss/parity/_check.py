@@ -46,7 +46,7 @@ from . import backends as B
 from . import devices as D
 from .cases import DTYPE_MAX, LOSSES, Case, make_cases
 from .runner import Failure, _short, evaluate, make_failure, minimise
-from .tolerance import STANDARDS
+from .tolerance import STANDARDS, VISIBLE
 
 # the regions that vary only the inputs (the others are option grids)
 CHECK_REGIONS = (
@@ -67,7 +67,9 @@ FEATURES = {
 }
 # regions whose `skip` also leaves their feature out of every other region and of Hypothesis
 _SKIPPED_FEATURES = {"ignored": "ignored", "all_ignored": "all_ignored", "masked": "masked"}
-_KIND_ORDER = {"non-finite": 0, "accuracy": 1, "error": 2}
+# the order of consequence (issue 31): non-finite, wrong at the result's scale, raised on a
+# supported feature, then accuracy below the result's scale (what only a few-ULP tolerance sees)
+CONSEQUENCE = ("non-finite", "wrong at the result's scale", "error", "accuracy")
 # a gradient w.r.t. targets or an option the candidate takes that autodiff could not give
 GRAD_PREFIX = "grad:"
 _SUBJECT = re.compile(r"^gradient w\.r\.t\. (\w+)")
@@ -92,6 +94,22 @@ class Hazard:
     region: str
     count: int = 1
     dtypes: list[str] = field(default_factory=list)
+
+    @property
+    def consequence(self) -> str:
+        """One of ``CONSEQUENCE``: an accuracy failure is "wrong at the result's scale" when its
+        error reaches ``tolerance.VISIBLE`` of the result's largest entry."""
+        f = self.failure
+        if f.kind == "accuracy" and getattr(f, "scaled_error", 0.0) >= VISIBLE:
+            return CONSEQUENCE[1]
+        return f.kind if f.kind in CONSEQUENCE else "error"
+
+    def rank(self) -> tuple:
+        """Sort key: consequence, then the larger error at the result's scale, adversarial cases
+        before Hypothesis's, the smaller input."""
+        f = self.failure
+        return (CONSEQUENCE.index(self.consequence), -getattr(f, "scaled_error", 0.0),
+                self.region == "hypothesis", np.size(getattr(f, "logits", None)))  # fmt: skip
 
 
 @dataclass(repr=False)
@@ -149,10 +167,10 @@ class CheckReport:
             verdict = "NOT VERIFIED (nothing judged)"
         else:
             counts = {}
-            for h in self.hazards:
-                counts[h.failure.kind] = counts.get(h.failure.kind, 0) + 1
+            for group in _groups(self.hazards):
+                counts[group[0].consequence] = counts.get(group[0].consequence, 0) + 1
             verdict = (
-                f"FAILS: {len(self.hazards)} distinct problem(s) ("
+                f"FAILS: {sum(counts.values())} problem(s) in {len(self.hazards)} region(s) ("
                 + ", ".join(f"{n} {k}" for k, n in counts.items())
                 + ")"
             )
@@ -169,8 +187,19 @@ class CheckReport:
         if self.judged_grads:
             lines.append("  gradients judged w.r.t. logits, " + ", ".join(
                 f"{name} ({n} cases)" for name, n in self.judged_grads.items()))  # fmt: skip
-        for i, h in enumerate(self.hazards, 1):
-            lines += _describe(i, h)
+        softmax = losses.get(self.reference).is_softmax
+        groups = _groups(self.hazards)
+        for i, group in enumerate(groups, 1):
+            lines += _describe(i, group[0])
+            if len(group) > 1:
+                lines += _wrap("   the same in: " + ", ".join(
+                    f"{h.region} ({'/'.join(h.dtypes)}; {h.count} case{'s' * (h.count > 1)})"
+                    for h in group[1:]), "     ")  # fmt: skip
+            scope = _scope(group, softmax)
+            if scope:
+                lines += _wrap(f"   only {scope}", "     ")
+        if len(groups) < len(self.hazards):
+            lines.append(f"note: {REPRODUCERS}")
         if self.unsupported:
             lines.append("Unsupported by the candidate (it raised; those cases were not judged):")
             for feature, repro in self.unsupported.items():
@@ -230,12 +259,82 @@ def _plain(value) -> str:
     return repr(value)
 
 
+def _signature(hazard: Hazard) -> tuple:
+    """Hazards with one signature are one problem seen in several regions: non-finite results of
+    the same quantity and kind (nan, inf), accuracy at or below the result's scale, the same
+    exception."""
+    consequence = hazard.consequence
+    problem = hazard.failure.problems[0] if hazard.failure.problems else ""
+    if consequence == "non-finite":
+        subject, _, rest = problem.partition(" is ")
+        return (consequence, subject, rest.split(" ")[0])
+    if consequence == "error":
+        return (consequence, problem[:80])
+    return (consequence,)
+
+
+def _groups(hazards: list[Hazard]) -> list[list[Hazard]]:
+    """`hazards` (in order of consequence) gathered by ``_signature``, in order of first sight."""
+    groups: dict[tuple, list[Hazard]] = {}
+    for hazard in hazards:
+        groups.setdefault(_signature(hazard), []).append(hazard)
+    return list(groups.values())
+
+
+REPRODUCERS = ("each region's own reproducer: "
+               "for h in report.hazards: print(h.region, h.failure.reproducer)")  # fmt: skip
+# the inputs a user may not pass (tag -> what they are, and how to scope the check to the rest)
+_SCOPES = {
+    "masked": "with -inf logits (class masks): if your logits never hold -inf, "
+              "skip=('masked', 'masked_soft') leaves them out. Masks written as "
+              "torch.finfo(dtype).min, as Hugging Face models write them, are finite logits "
+              "that the huge_shift and confident regions cover",
+    "prob": "with probability targets (soft, one-hot or smoothed): no concern for calls with "
+            "class indices (skip=('soft_targets', 'masked_soft') leaves out the regions made of "
+            "them)",
+    "soft": "with soft targets (strictly between 0 and 1): binary_targets=True judges targets "
+            "in {0, 1} only",
+    "huge": "at logits near half the dtype's range: skip=('huge_shift',) leaves them out, but "
+            "masks written as torch.finfo(dtype).min, as Hugging Face models write them, put "
+            "logits there",
+}  # fmt: skip
+
+
+def _tags(hazard: Hazard, softmax: bool) -> set[str]:
+    f = hazard.failure
+    logits = np.asarray(getattr(f, "logits", None), dtype=np.float64)
+    targets = np.asarray(getattr(f, "targets", None))
+    tags = set()
+    if hazard.region in ("masked", "masked_soft") or np.any(np.isneginf(logits)):
+        tags.add("masked")
+    if softmax and targets.dtype.kind == "f":
+        tags.add("prob")
+    if not softmax and np.any((targets != 0.0) & (targets != 1.0)):
+        tags.add("soft")
+    if hazard.region == "huge_shift":
+        tags.add("huge")
+    return tags
+
+
+def _scope(group: list[Hazard], softmax: bool) -> str:
+    """What every hazard of `group` needs from its input, and how to scope the check without
+    it; '' when they have nothing in common."""
+    common = set.intersection(*(_tags(h, softmax) for h in group))
+    return "; ".join(_SCOPES[tag] for tag in _SCOPES if tag in common)
+
+
+def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False)
+
+
 def _describe(i: int, hazard: Hazard) -> list[str]:
     f = hazard.failure
     more = f"; {hazard.count} cases" if hazard.count > 1 else ""
     where = "Hypothesis (shrunk)" if hazard.region == "hypothesis" else f"region {hazard.region}"
     case = "" if hazard.region == "hypothesis" else f": case {f.case}"
-    lines = [f"{i}. [{f.kind}] {where}, {'/'.join(hazard.dtypes)}{more}{case}"]
+    lines = [f"{i}. [{hazard.consequence}] {where}, {'/'.join(hazard.dtypes)}{more}{case}"]
     lines += [f"   {p}" for p in f.problems[:2]]
     lines.append(f"   logits {_short(f.logits, 110)}  targets {_short(f.targets, 60)}")
     if f.expected_value is not None:
@@ -670,7 +769,9 @@ def check(
         hazard.count += 1
         if dtype not in hazard.dtypes:
             hazard.dtypes.append(dtype)
-        if np.size(failure.logits) < np.size(hazard.failure.logits):
+        # the region's reproducer: its most consequential failure, then the smallest input
+        new, old = Hazard(failure, region).rank(), hazard.rank()
+        if (new[0], new[3]) < (old[0], old[3]):
             hazard.failure = failure
 
     user_options = options
@@ -714,14 +815,7 @@ def check(
                 record(found, "hypothesis", dtype)
                 if stop_at_first:
                     break
-    report.hazards = sorted(
-        hazards.values(),
-        key=lambda h: (
-            _KIND_ORDER.get(h.failure.kind, 3),
-            h.region == "hypothesis",
-            np.size(h.failure.logits),
-        ),
-    )
+    report.hazards = sorted(hazards.values(), key=Hazard.rank)
     if report.cases_judged == 0 and not report.hazards:
         report.notes.append("nothing was judged: every case used a feature the candidate lacks")
     return report
