@@ -1,7 +1,8 @@
 """``check``: the oracle for any loss function: feature probes, adversarial cases, Hypothesis.
 
     report = check(my_loss, "softmax_focal_loss", backend="torch", options={"gamma": 0.5})
-    assert report.ok, report
+    report.assert_ok()  # in a test: fails it with the whole report (``assert report.ok, report``
+                        # shows pytest's 240-character repr of it, reproducers cut)
 
 `candidate(logits, targets)` takes the backend's layout (torch: class dim 1; JAX: class axis -1)
 and returns the loss reduced as ``options["reduction"]`` (default "mean"); its gradient comes
@@ -45,7 +46,7 @@ from . import backends as B
 from . import devices as D
 from .cases import DTYPE_MAX, LOSSES, Case, make_cases
 from .runner import Failure, _short, evaluate, make_failure, minimise
-from .tolerance import STANDARDS
+from .tolerance import STANDARDS, VISIBLE
 
 # the regions that vary only the inputs (the others are option grids)
 CHECK_REGIONS = (
@@ -66,10 +67,17 @@ FEATURES = {
 }
 # regions whose `skip` also leaves their feature out of every other region and of Hypothesis
 _SKIPPED_FEATURES = {"ignored": "ignored", "all_ignored": "all_ignored", "masked": "masked"}
-_KIND_ORDER = {"non-finite": 0, "accuracy": 1, "error": 2}
+# the order of consequence (issue 31): non-finite, wrong at the result's scale, raised on a
+# supported feature, then accuracy below the result's scale (what only a few-ULP tolerance sees)
+CONSEQUENCE = ("non-finite", "wrong at the result's scale", "error", "accuracy")
 # a gradient w.r.t. targets or an option the candidate takes that autodiff could not give
 GRAD_PREFIX = "grad:"
 _SUBJECT = re.compile(r"^gradient w\.r\.t\. (\w+)")
+
+
+# said when the candidate has no name to call it by (a lambda, a partial, a callable object)
+UNNAMED_NOTE = ("the reproducers call your function `candidate` (it has no name of its own): "
+                "bind it first, `candidate = <your function>`")  # fmt: skip
 
 
 def _feature_name(feature: str) -> str:
@@ -86,6 +94,22 @@ class Hazard:
     region: str
     count: int = 1
     dtypes: list[str] = field(default_factory=list)
+
+    @property
+    def consequence(self) -> str:
+        """One of ``CONSEQUENCE``: an accuracy failure is "wrong at the result's scale" when its
+        error reaches ``tolerance.VISIBLE`` of the result's largest entry."""
+        f = self.failure
+        if f.kind == "accuracy" and getattr(f, "scaled_error", 0.0) >= VISIBLE:
+            return CONSEQUENCE[1]
+        return f.kind if f.kind in CONSEQUENCE else "error"
+
+    def rank(self) -> tuple:
+        """Sort key: consequence, then the larger error at the result's scale, adversarial cases
+        before Hypothesis's, the smaller input."""
+        f = self.failure
+        return (CONSEQUENCE.index(self.consequence), -getattr(f, "scaled_error", 0.0),
+                self.region == "hypothesis", np.size(getattr(f, "logits", None)))  # fmt: skip
 
 
 @dataclass(repr=False)
@@ -110,6 +134,9 @@ class CheckReport:
     precision: dict = field(default_factory=dict)
     # how many cases judged the gradient w.r.t. 'targets' and each option the candidate takes
     judged_grads: dict[str, int] = field(default_factory=dict)
+    # how the candidate ran: 'eager' or 'jit' (JAX: jax.jit, the default), and why not jit
+    mode: str = "eager"
+    eager_because: str = ""
     _grad_sizes: dict[str, int] = field(default_factory=dict, repr=False)
 
     @property
@@ -123,6 +150,15 @@ class CheckReport:
     def __bool__(self) -> bool:
         return self.ok
 
+    def assert_ok(self) -> CheckReport:
+        """Raises ``AssertionError`` whose message is the whole report (every reproducer) unless
+        `.ok`; returns the report. Use it in tests: ``assert report.ok, report`` hands pytest
+        the report object, which it shows as a repr cut to 240 characters."""
+        __tracebackhide__ = True  # pytest: the failure points at the caller's line
+        if not self.ok:
+            raise AssertionError("\n" + str(self))
+        return self
+
     def __str__(self) -> str:
         options = ", ".join(f"{k}={_plain(v)}" for k, v in self.options.items()) or "defaults"
         if self.ok:
@@ -131,10 +167,10 @@ class CheckReport:
             verdict = "NOT VERIFIED (nothing judged)"
         else:
             counts = {}
-            for h in self.hazards:
-                counts[h.failure.kind] = counts.get(h.failure.kind, 0) + 1
+            for group in _groups(self.hazards):
+                counts[group[0].consequence] = counts.get(group[0].consequence, 0) + 1
             verdict = (
-                f"FAILS: {len(self.hazards)} distinct problem(s) ("
+                f"FAILS: {sum(counts.values())} problem(s) in {len(self.hazards)} region(s) ("
                 + ", ".join(f"{n} {k}" for k, n in counts.items())
                 + ")"
             )
@@ -143,6 +179,7 @@ class CheckReport:
         lines = [
             f"{self.candidate} vs spec.{self.reference} ({self.backend}; {options}): {verdict}",
             f"  device: {on}",
+            f"  ran: {_ran(self)}",
             f"  {self.cases_judged} of {self.cases_run} adversarial cases judged "
             f"({', '.join(self.dtypes)}), {self.examples_run} Hypothesis examples, "
             f"{self.standard} standard",
@@ -150,8 +187,19 @@ class CheckReport:
         if self.judged_grads:
             lines.append("  gradients judged w.r.t. logits, " + ", ".join(
                 f"{name} ({n} cases)" for name, n in self.judged_grads.items()))  # fmt: skip
-        for i, h in enumerate(self.hazards, 1):
-            lines += _describe(i, h)
+        softmax = losses.get(self.reference).is_softmax
+        groups = _groups(self.hazards)
+        for i, group in enumerate(groups, 1):
+            lines += _describe(i, group[0])
+            if len(group) > 1:
+                lines += _wrap("   the same in: " + ", ".join(
+                    f"{h.region} ({'/'.join(h.dtypes)}; {h.count} case{'s' * (h.count > 1)})"
+                    for h in group[1:]), "     ")  # fmt: skip
+            scope = _scope(group, softmax)
+            if scope:
+                lines += _wrap(f"   only {scope}", "     ")
+        if len(groups) < len(self.hazards):
+            lines.append(f"note: {REPRODUCERS}")
         if self.unsupported:
             lines.append("Unsupported by the candidate (it raised; those cases were not judged):")
             for feature, repro in self.unsupported.items():
@@ -162,6 +210,47 @@ class CheckReport:
     __repr__ = __str__
 
 
+def _ran(report: CheckReport) -> str:
+    """How the candidate ran, for the report."""
+    if report.backend != "jax":
+        return "eagerly"
+    if report.mode == "jit":
+        return "under jax.jit (one compilation per input shape; jit=False for eager-only code)"
+    if report.eager_because:
+        why = report.eager_because
+        return f"eagerly, op by op (slow): jax.jit cannot trace the candidate ({why})"
+    return "eagerly, op by op (jit=False)"
+
+
+# the errors of a JAX function that jax.jit cannot trace (Python control flow or float() on a
+# traced value, ...): the same call may work eagerly
+TRACER_ERRORS = (
+    "ConcretizationTypeError", "TracerBoolConversionError", "TracerIntegerConversionError",
+    "TracerArrayConversionError", "UnexpectedTracerError", "NonConcreteBooleanIndexError",
+)  # fmt: skip
+JIT_HINT = "jax.jit could not trace it: pass jit=False if the function is eager-only"
+# when it raises so eagerly too: autodiff (jax.vjp) traces the logits in either mode
+VJP_HINT = ("it raises eagerly too: jax.vjp traces the logits, so float(), bool() or an `if` "
+            "on a value computed from them cannot be differentiated; use jnp.where or "
+            "jax.lax.cond")  # fmt: skip
+
+
+def _untraceable(impl, reference, options, binary, dtype, device, standard) -> tuple[str, bool]:
+    """(the error of a probe that raises under jax.jit for want of a concrete value and works
+    eagerly, or ''; whether such an error was also raised eagerly)."""
+    eagerly_too = False
+    for case in probes(reference, options, binary).values():
+        prep = B.prepare(case, dtype)
+        kind, _, outcome = evaluate(impl, prep, device, True, standard)
+        if kind == "error" and outcome.error.startswith(TRACER_ERRORS):
+            eager_kind, _, eager = evaluate(impl, prep, device, False, standard)
+            if eager_kind != "error":
+                error = outcome.error
+                return (error if len(error) <= 120 else error[:117] + "..."), False
+            eagerly_too = eagerly_too or eager.error.startswith(TRACER_ERRORS)
+    return "", eagerly_too
+
+
 def _plain(value) -> str:
     if isinstance(value, np.ndarray):
         return _short(value, 60)
@@ -170,12 +259,82 @@ def _plain(value) -> str:
     return repr(value)
 
 
+def _signature(hazard: Hazard) -> tuple:
+    """Hazards with one signature are one problem seen in several regions: non-finite results of
+    the same quantity and kind (nan, inf), accuracy at or below the result's scale, the same
+    exception."""
+    consequence = hazard.consequence
+    problem = hazard.failure.problems[0] if hazard.failure.problems else ""
+    if consequence == "non-finite":
+        subject, _, rest = problem.partition(" is ")
+        return (consequence, subject, rest.split(" ")[0])
+    if consequence == "error":
+        return (consequence, problem[:80])
+    return (consequence,)
+
+
+def _groups(hazards: list[Hazard]) -> list[list[Hazard]]:
+    """`hazards` (in order of consequence) gathered by ``_signature``, in order of first sight."""
+    groups: dict[tuple, list[Hazard]] = {}
+    for hazard in hazards:
+        groups.setdefault(_signature(hazard), []).append(hazard)
+    return list(groups.values())
+
+
+REPRODUCERS = ("each region's own reproducer: "
+               "for h in report.hazards: print(h.region, h.failure.reproducer)")  # fmt: skip
+# the inputs a user may not pass (tag -> what they are, and how to scope the check to the rest)
+_SCOPES = {
+    "masked": "with -inf logits (class masks): if your logits never hold -inf, "
+              "skip=('masked', 'masked_soft') leaves them out. Masks written as "
+              "torch.finfo(dtype).min, as Hugging Face models write them, are finite logits "
+              "that the huge_shift and confident regions cover",
+    "prob": "with probability targets (soft, one-hot or smoothed): no concern for calls with "
+            "class indices (skip=('soft_targets', 'masked_soft') leaves out the regions made of "
+            "them)",
+    "soft": "with soft targets (strictly between 0 and 1): binary_targets=True judges targets "
+            "in {0, 1} only",
+    "huge": "at logits near half the dtype's range: skip=('huge_shift',) leaves them out, but "
+            "masks written as torch.finfo(dtype).min, as Hugging Face models write them, put "
+            "logits there",
+}  # fmt: skip
+
+
+def _tags(hazard: Hazard, softmax: bool) -> set[str]:
+    f = hazard.failure
+    logits = np.asarray(getattr(f, "logits", None), dtype=np.float64)
+    targets = np.asarray(getattr(f, "targets", None))
+    tags = set()
+    if hazard.region in ("masked", "masked_soft") or np.any(np.isneginf(logits)):
+        tags.add("masked")
+    if softmax and targets.dtype.kind == "f":
+        tags.add("prob")
+    if not softmax and np.any((targets != 0.0) & (targets != 1.0)):
+        tags.add("soft")
+    if hazard.region == "huge_shift":
+        tags.add("huge")
+    return tags
+
+
+def _scope(group: list[Hazard], softmax: bool) -> str:
+    """What every hazard of `group` needs from its input, and how to scope the check without
+    it; '' when they have nothing in common."""
+    common = set.intersection(*(_tags(h, softmax) for h in group))
+    return "; ".join(_SCOPES[tag] for tag in _SCOPES if tag in common)
+
+
+def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False)
+
+
 def _describe(i: int, hazard: Hazard) -> list[str]:
     f = hazard.failure
     more = f"; {hazard.count} cases" if hazard.count > 1 else ""
     where = "Hypothesis (shrunk)" if hazard.region == "hypothesis" else f"region {hazard.region}"
     case = "" if hazard.region == "hypothesis" else f": case {f.case}"
-    lines = [f"{i}. [{f.kind}] {where}, {'/'.join(hazard.dtypes)}{more}{case}"]
+    lines = [f"{i}. [{hazard.consequence}] {where}, {'/'.join(hazard.dtypes)}{more}{case}"]
     lines += [f"   {p}" for p in f.problems[:2]]
     lines.append(f"   logits {_short(f.logits, 110)}  targets {_short(f.targets, 60)}")
     if f.expected_value is not None:
@@ -193,7 +352,10 @@ def _describe(i: int, hazard: Hazard) -> list[str]:
 
 
 def _name_of(candidate) -> tuple[str, str, str]:
-    """(display name, import line, call expression) for reproducers."""
+    """(display name, import line, call expression) for reproducers: an importable function is
+    imported by its module; one that is not (defined in ``__main__``, a notebook, inside a test)
+    is called by its own name, so that the line runs pasted next to its definition. Only what
+    has no name (a lambda, a partial, a callable object) is called ``candidate``."""
     module = getattr(candidate, "__module__", None)
     qualname = getattr(candidate, "__qualname__", None) or getattr(candidate, "__name__", None)
     if module and qualname and "<" not in qualname and module != "__main__":
@@ -204,9 +366,12 @@ def _name_of(candidate) -> tuple[str, str, str]:
             if obj is candidate:
                 top = qualname.split(".")[0]
                 return f"{module}.{qualname}", f"from {module} import {top}", qualname
-        except Exception:  # noqa: BLE001 - then the reproducer names it `candidate`
+        except Exception:  # noqa: BLE001 - then the reproducer calls it by its own name
             pass
     name = qualname or repr(candidate)
+    own = getattr(candidate, "__name__", "")
+    if inspect.isfunction(candidate) and own.isidentifier() and own != "<lambda>":
+        return name, "", own
     return name, "", "candidate"
 
 
@@ -489,7 +654,7 @@ def check(
     max_examples: int | None = None,
     skip=(),
     device: str | None = None,
-    jit: bool = False,
+    jit: bool | None = None,
     stop_at_first: bool = False,
     standard: str = "practical",
     binary_targets: bool = False,
@@ -515,7 +680,11 @@ def check(
       device: 'cpu' (the default, for both backends) or 'gpu:N' (alias 'cuda:N'); a device the
         backend does not see raises ``devices.DeviceError`` (a ValueError). On a CUDA device,
         inputs with ignored labels run on the CPU first (see ``backends.run_case``).
-      jit: for JAX, wrap the candidate in ``jax.jit``.
+      jit: JAX: run the candidate under ``jax.jit`` (the default, None, for JAX: one compilation
+        per input shape, where eager JAX compiles every primitive for every shape and a check
+        takes minutes). A candidate that jax.jit cannot trace (``float()`` or an ``if`` on a
+        traced value) runs eagerly, and the report says why; ``jit=False`` runs it eagerly from
+        the start. torch: ignored (eager).
       stop_at_first: stop after the first dtype that fails (faster on broken losses).
       standard: 'practical' (default: backward stable, accurate at the whole result's scale) or
         'strict' (the standard dualloss's own backends are held to); see ``tolerance.py``.
@@ -526,6 +695,7 @@ def check(
       expected vs received, and one line of Python that reproduces it), ``.unsupported``,
       readable ``str()``.
     """
+    jit = backend == "jax" if jit is None else bool(jit)
     if reference in losses.LINEAR_NAMES:
         # the fused linear losses: their own cases and bound (``parity.linear``)
         from .linear import check as check_linear
@@ -557,11 +727,22 @@ def check(
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
     impl = _implementation(candidate, reference, backend, options, binary_targets)
     takes = _named_options(candidate, info, options)
+    unnamed = _name_of(candidate)[2] == "candidate"
     label, dev = D.one_device(backend, device)
-    mode = "jit" if (jit and backend == "jax") else "eager"
     report = CheckReport(impl.name, reference, backend, options, standard, dtypes, device=label)
     report.precision = D.pin_precision([backend])
+    jit = jit and backend == "jax"
+    if jit:
+        report.eager_because, eagerly_too = _untraceable(
+            impl, reference, _for_dtype(options, takes, dtypes[0]), binary_targets, dtypes[0], dev,
+            standard,
+        )  # fmt: skip
+        jit = not report.eager_because
+    hint = VJP_HINT if jit and eagerly_too else JIT_HINT
+    mode = report.mode = "jit" if jit else "eager"
     hazards: dict[tuple[str, str, str], Hazard] = {}
+    if unnamed:
+        report.notes.append(UNNAMED_NOTE)
     closed_over = [o.name for o in info.options if o.differentiable and o.name not in takes
                    and options.get(o.name) is not None]  # fmt: skip
     if closed_over:
@@ -573,6 +754,9 @@ def check(
         )
 
     def record(failure: Failure, region: str, dtype: str) -> None:
+        if failure.kind == "error" and jit and any(
+                name in p for p in failure.problems for name in TRACER_ERRORS):  # fmt: skip
+            failure.problems = [f"{p} ({hint})" for p in failure.problems]
         # a problem only in the gradient w.r.t. targets or an option is a distinct hazard
         subjects = {m.group(1) for m in map(_SUBJECT.match, failure.problems) if m}
         only = "/".join(sorted(subjects)) if subjects and all(
@@ -585,7 +769,9 @@ def check(
         hazard.count += 1
         if dtype not in hazard.dtypes:
             hazard.dtypes.append(dtype)
-        if np.size(failure.logits) < np.size(hazard.failure.logits):
+        # the region's reproducer: its most consequential failure, then the smallest input
+        new, old = Hazard(failure, region).rank(), hazard.rank()
+        if (new[0], new[3]) < (old[0], old[3]):
             hazard.failure = failure
 
     user_options = options
@@ -629,17 +815,17 @@ def check(
                 record(found, "hypothesis", dtype)
                 if stop_at_first:
                     break
-    report.hazards = sorted(
-        hazards.values(),
-        key=lambda h: (
-            _KIND_ORDER.get(h.failure.kind, 3),
-            h.region == "hypothesis",
-            np.size(h.failure.logits),
-        ),
-    )
+    report.hazards = sorted(hazards.values(), key=Hazard.rank)
     if report.cases_judged == 0 and not report.hazards:
         report.notes.append("nothing was judged: every case used a feature the candidate lacks")
     return report
+
+
+def assert_passes(candidate, reference: str, **kwargs) -> CheckReport:
+    """``check(candidate, reference, **kwargs).assert_ok()``: in a test, fails it with the whole
+    report (every reproducer); returns the report when it holds."""
+    __tracebackhide__ = True
+    return check(candidate, reference, **kwargs).assert_ok()
 
 
 def _note_input_grads(report, impl, prep, outcome, kind) -> None:

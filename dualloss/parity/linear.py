@@ -64,7 +64,7 @@ import numpy as np
 from .. import losses, spec
 from . import backends as B
 from . import devices as D
-from ._check import CheckReport, Hazard, _name_of, _plain
+from ._check import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain
 from .runner import Record, _short
 from .tolerance import (
     SMALLEST_NORMAL,
@@ -749,6 +749,8 @@ def check(
     mode = "jit" if (jit and backend == "jax") else "eager"
     report = LinearCheckReport(name, reference, backend, options, standard, dtypes, device=label)
     report.precision = D.pin_precision([backend])
+    if call == "candidate":
+        report.notes.append(UNNAMED_NOTE)
     hazards: dict[tuple[str, str], Hazard] = {}
     cases = make_cases(reference, spec_options, skip=skip)
     if not with_bias:

@@ -62,6 +62,8 @@ class Failure:
     expected_grad: Any
     received_grad: Any
     reproducer: str
+    # the largest error relative to its result's largest entry (``Judgement.scaled_error``)
+    scaled_error: float = 0.0
 
     def describe(self) -> str:
         lines = [
@@ -242,6 +244,7 @@ def make_failure(impl, prep, device_label, mode, kind, judgement, outcome) -> Fa
         expected_grad=expected_grad,
         received_grad=received_grad,
         reproducer=B.reproducer(impl, prep, device_label),
+        scaled_error=0.0 if judgement is None else judgement.scaled_error,
     )
 
 

@@ -235,6 +235,10 @@ LARGEST = {
 }
 MANTISSA_BITS = {"float64": 52, "float32": 23, "float16": 10, "bfloat16": 7}
 K = 8.0
+# an error above this fraction of its result's largest entry (2 ULPs of float16 there) is "wrong
+# at the result's scale": it shows in the loss or gradient a user logs, in any dtype. ``check``
+# reports those before the errors that only a tolerance of a few ULPs catches
+VISIBLE = 2.0**-10
 # "strict": dualloss's own backends; "practical": users' code (`parity.check`)
 STANDARDS = ("strict", "practical")
 
@@ -497,6 +501,9 @@ class Judgement:
     worst_value_ulp: float = 0.0
     worst_grad_ulp: float = 0.0
     worst_ratio: float = 0.0
+    # the largest error relative to its result's scale (the largest |entry| of that value or
+    # gradient, 1 where all are 0): at or above VISIBLE it is "wrong at the result's scale"
+    scaled_error: float = 0.0
     # gradients w.r.t. targets and options (``judge(input_grads=...)``), by name
     expected_input_grads: dict = field(default_factory=dict)
     received_input_grads: dict = field(default_factory=dict)
@@ -547,13 +554,28 @@ def _compare(what, expected, received, tolerance, dtype, nonfinite, inaccurate):
     worst = np.unravel_index(int(np.argmax(ratio)), ratio.shape) if ratio.ndim else ()
     worst = tuple(int(i) for i in worst)
     if ratio[worst] > 1.0:
+        scale = _largest(expected) or 1.0
+        # an ULP count only where the spec's entry has ULPs of its own (ulp(0) is a convention)
+        where = (f"{ulps[worst]:.3g} ULP of {dtype}" if expected[worst] != 0.0
+                 else "the spec gives exactly 0 here")  # fmt: skip
         inaccurate.append(
             f"{what} is {_num(received[worst])} at {worst} where the spec gives "
             f"{_num(expected[worst])}: "
             f"error {error[worst]:.3g} > tolerance {float(np.asarray(tolerance)[worst]):.3g}"
-            f" ({ulps[worst]:.3g} ULP of {dtype})"
+            f" ({where}; {float(np.max(error)) / scale:.2g} of the largest |{what.split()[0]}|)"
         )
     return float(np.max(ulps)), float(ratio[worst])
+
+
+def _scaled_error(expected, received) -> float:
+    """max |received - expected| / the largest |expected| (1 where it is 0), over the entries
+    finite in both."""
+    expected = np.asarray(expected, dtype=np.float64)
+    received = np.broadcast_to(np.asarray(received, dtype=np.float64), expected.shape)
+    both = np.isfinite(expected) & np.isfinite(received)
+    with np.errstate(invalid="ignore", over="ignore"):
+        error = np.where(both, np.abs(received - expected), 0.0)
+    return float(np.max(error, initial=0.0)) / (_largest(expected) or 1.0)
 
 
 def _num(x) -> str:
@@ -643,7 +665,12 @@ def judge(
                                nonfinite, inaccurate)  # fmt: skip
         worst_grad_ulp, grad_ratio = max(worst_grad_ulp, ulps), max(grad_ratio, ratio)
         expected_inputs[name], received_inputs[name] = expected, received
+    scaled = [_scaled_error(expected_value, value)]
+    if grad is not None:
+        scaled.append(_scaled_error(expected_grad, grad))
+    scaled += [_scaled_error(expected_inputs[n], received_inputs[n]) for n in expected_inputs]
     return Judgement(
+        scaled_error=max(scaled),
         loss=loss,
         dtype=dtype,
         options=options,
