@@ -182,7 +182,22 @@ def _parser() -> argparse.ArgumentParser:
         "--skip", type=_csv, default=[], help="comma-separated regions to leave out (rarely needed)"
     )
     check.add_argument("--device", default=None, help="cpu (the default) or gpu:N (alias cuda:N)")
-    check.add_argument("--jit", action="store_true", help="JAX: wrap the candidate in jax.jit")
+    jit = check.add_mutually_exclusive_group()
+    jit.add_argument(
+        "--jit",
+        dest="jit",
+        action="store_const",
+        const=True,
+        default=None,
+        help="JAX: run the candidate under jax.jit (the default; eager where jit cannot trace it)",
+    )
+    jit.add_argument(
+        "--no-jit",
+        dest="jit",
+        action="store_const",
+        const=False,
+        help="JAX: run the candidate eagerly only (slower; for code that jit cannot trace)",
+    )
     check.add_argument(
         "--standard",
         choices=["practical", "strict"],
