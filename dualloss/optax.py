@@ -35,6 +35,9 @@ import jax
 import jax.numpy as jnp
 
 from . import _checks, jax_impl
+from .jax_impl._inputs import _class_axes_last, _expand_where, _not_torch
+from .jax_impl.sigmoid import sigmoid_binary_cross_entropy
+from .jax_impl.softmax import softmax_cross_entropy_with_integer_labels
 
 __all__ = [
     "softmax_cross_entropy_with_integer_labels",
@@ -44,71 +47,6 @@ __all__ = [
 ]
 
 ArrayLike = Any
-
-
-def _expand_where(where, logits, axis):
-    """optax: a `where` with fewer dimensions than the logits gets the class axes at `axis`."""
-    if where is None:
-        return None
-    where = jnp.asarray(where)
-    if where.ndim != logits.ndim:
-        where = jnp.expand_dims(where, axis)
-    _checks.class_mask(where.shape, where.dtype == jnp.bool_, where.dtype, logits.shape)
-    return where
-
-
-def _class_axes_last(logits, axis, *others):
-    """For a tuple `axis`: the class axes moved to the end (in their order) and flattened into
-    one; `others` (None or arrays of the logits shape) alike. Returns (logits, others, -1)."""
-    if not isinstance(axis, tuple):
-        raise ValueError(
-            "Keyword argument 'axis' must be of type 'int' or 'tuple[int, ...]' but actual type "
-            f"is {type(axis)}."
-        )
-    class_axes = tuple(_checks.class_axis(a, logits.ndim) for a in axis)
-    batch_axes = tuple(a for a in range(logits.ndim) if a not in class_axes)
-    order = batch_axes + class_axes
-    batch_shape = tuple(logits.shape[a] for a in batch_axes)
-
-    def flatten(x):
-        x = jnp.broadcast_to(x, logits.shape).transpose(order)
-        return x.reshape(batch_shape + (-1,))
-
-    moved = tuple(None if x is None else flatten(x) for x in others)
-    return flatten(logits), moved, -1
-
-
-def softmax_cross_entropy_with_integer_labels(
-    logits: ArrayLike,
-    labels: ArrayLike,
-    axis: int | tuple[int, ...] = -1,
-    where: ArrayLike | None = None,
-) -> jax.Array:
-    """``optax.losses.softmax_cross_entropy_with_integer_labels``: -log softmax(logits)[label].
-
-    Args:
-      logits: floating array.
-      labels: integer class indices, the logits shape without the class axes; for a tuple
-        `axis`, a flat index into the class axes (``jnp.ravel_multi_index``).
-      axis: the class axis, or a tuple of class axes.
-      where: boolean mask of the logits shape or of the batch shape (see the module docstring).
-
-    Returns:
-      The per-example losses, the logits shape without the class axes.
-    """
-    jax_impl._not_torch(logits=logits, labels=labels, where=where)
-    logits = jnp.asarray(logits)
-    labels = jnp.asarray(labels)
-    _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
-    if not jnp.issubdtype(labels.dtype, jnp.integer):
-        raise TypeError(
-            "`labels` must have an integer dtype (class indices). "
-            f"Received: labels.dtype={labels.dtype}."
-        )
-    where = _expand_where(where, logits, axis)
-    if not isinstance(axis, int) or isinstance(axis, bool):
-        logits, (where,), axis = _class_axes_last(logits, axis, where)
-    return jax_impl.softmax_cross_entropy(logits, labels, axis=axis, where=where, reduction="none")
 
 
 def softmax_cross_entropy(
@@ -129,7 +67,7 @@ def softmax_cross_entropy(
     Returns:
       The per-example losses, the logits shape without the class axes.
     """
-    jax_impl._not_torch(logits=logits, labels=labels, where=where)
+    _not_torch(logits=logits, labels=labels, where=where)
     logits = jnp.asarray(logits)
     _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
     labels = jnp.broadcast_to(jnp.asarray(labels).astype(logits.dtype), logits.shape)
@@ -139,18 +77,6 @@ def softmax_cross_entropy(
     if not isinstance(axis, int) or isinstance(axis, bool):
         logits, (labels, where), axis = _class_axes_last(logits, axis, labels, where)
     return jax_impl.softmax_cross_entropy(logits, labels, axis=axis, where=where, reduction="none")
-
-
-def sigmoid_binary_cross_entropy(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
-    """``optax.losses.sigmoid_binary_cross_entropy``: element-wise, the logits shape.
-
-    `labels` (probabilities, or integer 0/1) are cast to the logits dtype and broadcast.
-    """
-    jax_impl._not_torch(logits=logits, labels=labels)
-    logits = jnp.asarray(logits)
-    _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
-    labels = jnp.broadcast_to(jnp.asarray(labels).astype(logits.dtype), logits.shape)
-    return jax_impl.sigmoid_cross_entropy(logits, labels, reduction="none")
 
 
 def sigmoid_focal_loss(
@@ -165,7 +91,7 @@ def sigmoid_focal_loss(
     `labels` (0/1 or soft, in [0, 1]) are cast to the logits dtype and broadcast. `alpha` None
     or a scalar in [0, 1], `gamma` a scalar >= 0; either may be traced.
     """
-    jax_impl._not_torch(logits=logits, labels=labels, alpha=alpha, gamma=gamma)
+    _not_torch(logits=logits, labels=labels, alpha=alpha, gamma=gamma)
     logits = jnp.asarray(logits)
     _checks.float_logits("logits", jnp.issubdtype(logits.dtype, jnp.floating), logits.dtype)
     labels = jnp.broadcast_to(jnp.asarray(labels).astype(logits.dtype), logits.shape)

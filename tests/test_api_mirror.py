@@ -1,5 +1,6 @@
 """spec, torch_impl and jax_impl export the same losses (every record of the registry, the fused
-linear losses included) with the same positional inputs and keyword arguments."""
+linear losses included) with the same positional inputs and keyword arguments, and are packages of
+the same shape: the same module names, each private function in the module of the same name."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ast
 import importlib
 import inspect
 import pathlib
+import pkgutil
 
 import pytest
 
@@ -54,8 +56,23 @@ def test_gradient_functions_are_spec_only():
 
 
 # ----------------------------------------------------------------------------------------------
-# The private functions mirror spec.py: the shared ones in the same order, extras named here
+# Three packages of the same shape: the same module names, and in each module the private functions
+# of the spec's module in the same order; extras named here
 # ----------------------------------------------------------------------------------------------
+
+PACKAGES = ("spec", "torch_impl", "jax_impl")
+# the modules all three packages have: a thing lives in the module of the same name in each
+MIRRORED_MODULES = {"_inputs", "softmax", "linear", "sigmoid"}
+# the modules one package has and another does not, and why
+MODULE_EXTRAS = {
+    # the gradients w.r.t. targets and options (`wrt=`) and the judge's per-element terms
+    "spec": {"wrt", "intermediates"},
+    # the closed-form derivative adapter (autograd.Function), the F.* / nn.*Loss signatures, and
+    # the place of the accelerator kernels (DESIGN 11)
+    "torch_impl": {"_autodiff", "dropins", "kernels"},
+    # the closed-form derivative adapter (custom_jvp)
+    "jax_impl": {"_autodiff"},
+}
 
 # what a backend has that the spec does not, and why
 BACKEND_EXTRAS = {
@@ -83,6 +100,8 @@ BACKEND_EXTRAS = {
         "_on_host", "_check_alpha_values",
         # the sigmoid focal loss's targets in [0, 1]: raised on the host, NaN elsewhere
         "_sigmoid_focal_targets",
+        # optax's arguments (a `where` of the batch shape, a tuple `axis`), for the optax drop-ins
+        "_expand_where", "_class_axes_last",
         # the fused linear losses: the block kernel, the row-block scan, the two custom_vjp
         # functions (scalar reductions: gradients in the forward pass; 'none': recomputed) and
         # the NaN cotangent of the inputs they do not differentiate
@@ -137,19 +156,49 @@ SPEC_EXTRAS = {
 }  # fmt: skip
 
 
-def _private_functions(module_name):
-    """Top-level private functions and classes of dualloss/<module>.py, in file order."""
-    path = pathlib.Path(importlib.import_module(f"dualloss.{module_name}").__file__)
+def _modules(package):
+    """The modules of dualloss/<package>/ (files and subpackages), by name."""
+    path = pathlib.Path(importlib.import_module(f"dualloss.{package}").__file__).parent
+    return {m.name for m in pkgutil.iter_modules([str(path)])}
+
+
+def _private_functions(package, module):
+    """Top-level private functions and classes of dualloss/<package>/<module>.py, in file order."""
+    path = pathlib.Path(importlib.import_module(f"dualloss.{package}.{module}").__file__)
     tree = ast.parse(path.read_text())
     kinds = (ast.FunctionDef, ast.ClassDef)
     return [n.name for n in tree.body if isinstance(n, kinds) and n.name.startswith("_")]
 
 
+def _where_defined(package):
+    """Private name -> the module of `package` that defines it."""
+    where = {}
+    for module in sorted(_modules(package)):
+        for name in _private_functions(package, module):
+            assert name not in where, f"{package}: {name} in {where[name]} and {module}"
+            where[name] = module
+    return where
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_three_packages_have_the_same_modules(package):
+    assert _modules(package) == MIRRORED_MODULES | MODULE_EXTRAS[package]
+
+
+@pytest.mark.parametrize("module", sorted(MIRRORED_MODULES))
 @pytest.mark.parametrize("module_name", ["torch_impl", "jax_impl"])
-def test_private_functions_mirror_the_spec_in_the_same_order(module_name):
-    spec_names = _private_functions("spec")
-    names = _private_functions(module_name)
+def test_private_functions_mirror_the_spec_in_the_same_order(module_name, module):
+    spec_names = _private_functions("spec", module)
+    names = _private_functions(module_name, module)
     shared = [name for name in spec_names if name in names]
-    assert [name for name in names if name in spec_names] == shared, f"{module_name} order"
-    assert set(names) - set(spec_names) == BACKEND_EXTRAS[module_name], "unlisted extras"
-    assert set(spec_names) - set(names) == SPEC_EXTRAS, f"spec functions {module_name} lacks"
+    assert [name for name in names if name in spec_names] == shared, f"{module_name}.{module} order"
+
+
+@pytest.mark.parametrize("module_name", ["torch_impl", "jax_impl"])
+def test_private_functions_are_where_the_spec_has_them(module_name):
+    spec_where = _where_defined("spec")
+    where = _where_defined(module_name)
+    for name in set(spec_where) & set(where):
+        assert where[name] == spec_where[name], f"{module_name}: {name}"
+    assert set(where) - set(spec_where) == BACKEND_EXTRAS[module_name], "unlisted extras"
+    assert set(spec_where) - set(where) == SPEC_EXTRAS, f"spec functions {module_name} lacks"

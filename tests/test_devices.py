@@ -322,7 +322,7 @@ def test_no_host_read_in_the_losses_on_an_accelerator(monkeypatch, device):
     if D.is_gpu(device):
         torch.cuda.set_sync_debug_mode("error")
     else:
-        monkeypatch.setattr(torch_impl, "_reads_on_host", lambda x: False)
+        monkeypatch.setattr(torch_impl._inputs, "_reads_on_host", lambda x: False)
     try:
         x, calls = _torch_calls(D.torch_name(device))
         for name, targets, kwargs in calls:
@@ -335,7 +335,7 @@ def test_no_host_read_in_the_losses_on_an_accelerator(monkeypatch, device):
 
 
 def test_accelerator_index_check_is_a_device_assertion(monkeypatch):
-    monkeypatch.setattr(torch_impl, "_reads_on_host", lambda x: False)
+    monkeypatch.setattr(torch_impl._inputs, "_reads_on_host", lambda x: False)
     x = torch.randn(3, 5)
     message = r"`targets` has a class index outside \[0, 5\) and not ignore_index=-100 \(checked"
     with pytest.raises(RuntimeError, match=message):
@@ -346,23 +346,25 @@ def test_accelerator_index_check_is_a_device_assertion(monkeypatch):
 
 def test_sync_mode_gives_the_exact_message_everywhere(monkeypatch):
     meta = torch.empty(2, device="meta")
-    assert torch_impl._reads_on_host(torch.zeros(2)) and not torch_impl._reads_on_host(meta)
+    assert torch_impl._inputs._reads_on_host(
+        torch.zeros(2)
+    ) and not torch_impl._inputs._reads_on_host(meta)
     with torch_impl.set_validate_indices("sync"):
-        assert torch_impl._reads_on_host(meta)
-    assert not torch_impl._reads_on_host(meta)
+        assert torch_impl._inputs._reads_on_host(meta)
+    assert not torch_impl._inputs._reads_on_host(meta)
     with pytest.raises(ValueError, match=r"^`validate` must be True, False or 'sync'"):
         torch_impl.set_validate_indices("sometimes")
 
 
 def test_vector_alpha_is_checked_once_per_tensor_version(monkeypatch):
     checked = []
-    original = torch_impl._checks.unit_interval_values
+    original = torch_impl._inputs._checks.unit_interval_values
 
     def counted(name, values):
         checked.append(name)
         return original(name, values)
 
-    monkeypatch.setattr(torch_impl._checks, "unit_interval_values", counted)
+    monkeypatch.setattr(torch_impl._inputs._checks, "unit_interval_values", counted)
     x, t = torch.randn(4, 3), torch.tensor([0, 1, 2, 0])
     alpha = torch.tensor([0.2, 0.3, 0.5])
     for _ in range(3):
@@ -381,8 +383,8 @@ def test_jax_eager_does_not_copy_accelerator_targets_to_the_host(monkeypatch):
 
     logits = jax.numpy.zeros((3, 4))
     targets = jax.numpy.array([0, 9, 1])
-    monkeypatch.setattr(jax_impl._checks, "class_indices", refuse)
-    monkeypatch.setattr(jax_impl, "_on_host", lambda x: not isinstance(x, jax.Array))
+    monkeypatch.setattr(jax_impl._inputs._checks, "class_indices", refuse)
+    monkeypatch.setattr(jax_impl._inputs, "_on_host", lambda x: not isinstance(x, jax.Array))
     loss = jax_impl.softmax_cross_entropy(logits, targets, reduction="none")
     assert np.isnan(np.asarray(loss)[1]) and np.isfinite(np.asarray(loss)[[0, 2]]).all()
     # host arrays are still checked exactly (no copy needed)
@@ -390,19 +392,19 @@ def test_jax_eager_does_not_copy_accelerator_targets_to_the_host(monkeypatch):
     with pytest.raises(ValueError, match=r"`targets` has class index 9 at position \(1,\)"):
         jax_impl.softmax_cross_entropy(logits, np.array([0, 9, 1]))
     on_cpu = jax.device_put(jax.numpy.zeros(2), jax.devices("cpu")[0])
-    assert jax_impl._on_host(np.zeros(2)) and jax_impl._on_host(on_cpu)
+    assert jax_impl._inputs._on_host(np.zeros(2)) and jax_impl._inputs._on_host(on_cpu)
 
 
 def test_jax_vector_alpha_on_an_accelerator_is_copied_once(monkeypatch):
     checked = []
-    original = jax_impl._checks.unit_interval_values
+    original = jax_impl._inputs._checks.unit_interval_values
 
     def counted(name, values):
         checked.append(name)
         return original(name, values)
 
-    monkeypatch.setattr(jax_impl._checks, "unit_interval_values", counted)
-    monkeypatch.setattr(jax_impl, "_on_host", lambda x: not isinstance(x, jax.Array))
+    monkeypatch.setattr(jax_impl._inputs._checks, "unit_interval_values", counted)
+    monkeypatch.setattr(jax_impl._inputs, "_on_host", lambda x: not isinstance(x, jax.Array))
     logits, t = jax.numpy.zeros((2, 3)), np.array([0, 1])
     alpha = jax.numpy.array([0.2, 0.3, 0.5])
     for _ in range(3):
@@ -626,8 +628,10 @@ def test_jax_checks_host_data_as_it_came_not_after_conversion(monkeypatch):
     """With every JAX array treated as accelerator data, NumPy targets and alpha are still
     checked on the host, from the NumPy arrays themselves (no device-to-host copy)."""
     seen = []
-    monkeypatch.setattr(jax_impl, "_on_host", lambda x: not isinstance(x, jax.Array))
-    monkeypatch.setattr(jax_impl, "_check_alpha_values", lambda alpha: seen.append(type(alpha)))
+    monkeypatch.setattr(jax_impl._inputs, "_on_host", lambda x: not isinstance(x, jax.Array))
+    monkeypatch.setattr(
+        jax_impl._inputs, "_check_alpha_values", lambda alpha: seen.append(type(alpha))
+    )
     logits = jax.numpy.zeros((3, 4))
     with pytest.raises(ValueError, match=r"`targets` has class index 9 at position \(1,\)"):
         jax_impl.softmax_cross_entropy(logits, np.array([0, 9, 1]))

@@ -283,6 +283,6 @@ def test_half_precision_is_computed_in_float32_and_returned_in_input_dtype(
     np.testing.assert_array_equal(grad, grad32.astype(half), err_msg=context)
     # and these inputs tell the two apart: computed in the half dtype throughout, some value or
     # gradient entry differs from the float32 result rounded once
-    monkeypatch.setattr(jax_impl, "_compute_dtype", lambda dtype: dtype)
+    monkeypatch.setattr(jax_impl._inputs, "_compute_dtype", lambda dtype: dtype)
     value_half, grad_half = _value_and_grad_none(loss, x, t, options)
     assert bool(jnp.any(value_half != value)) or bool(jnp.any(grad_half != grad)), context

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from dualloss import spec
+from dualloss import _checks, spec
 from dualloss import torch_impl as T
 
 REDUCTIONS = ("none", "mean", "sum")
@@ -257,12 +257,12 @@ def test_no_tensor_of_the_logits_size_is_created(name, label_smoothing, reductio
 
 
 def test_default_chunk_size_bounds_the_block():
-    assert T._checks.default_chunk_size(4096, 32000) * 32000 <= 1 << 22
-    assert T._checks.default_chunk_size(3, 32000) == 3
-    assert T._checks.default_chunk_size(10, 10**8) == 1
+    assert _checks.default_chunk_size(4096, 32000) * 32000 <= 1 << 22
+    assert _checks.default_chunk_size(3, 32000) == 3
+    assert _checks.default_chunk_size(10, 10**8) == 1
     # torch_impl's rule: up to 1/16 of the logits, at most 16M entries
-    assert T._checks.default_chunk_size(4096, 32000, fraction=16) == 256
-    assert T._checks.default_chunk_size(8192, 128000, fraction=16) * 128000 <= 1 << 24
+    assert _checks.default_chunk_size(4096, 32000, fraction=16) == 256
+    assert _checks.default_chunk_size(8192, 128000, fraction=16) * 128000 <= 1 << 24
 
 
 # ----------------------------------------------------------------------------------------------

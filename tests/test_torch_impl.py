@@ -638,7 +638,7 @@ def test_fast_path_branches_on_host_and_masked_meet_the_spec(loss, dtype, on_hos
     only those rows are read back; elsewhere (accelerators, torch.compile, vmap) masked passes
     over every row do it. Both meet the spec under the strict standard, value and gradient."""
     if not on_host:
-        monkeypatch.setattr(ti, "_reads_on_host", lambda x: False)
+        monkeypatch.setattr(ti._inputs, "_reads_on_host", lambda x: False)
     logits, targets = _fast_path_rows(dtype)
     options = {"gamma": 0.5} if losses.get(loss).is_focal else {}
     weight = np.array([1.0, 0.5, 2.0, 1.0, 1.0])
@@ -818,7 +818,25 @@ def test_out_of_range_index_raises_and_can_be_skipped():
         ti.softmax_cross_entropy(logits, targets)
     with ti.set_validate_indices(False):
         ti.softmax_cross_entropy(logits, torch.tensor([0, 4, 1, -100]))
-    assert ti._VALIDATE_INDICES
+    assert ti._inputs._VALIDATE_INDICES
+
+
+def test_set_validate_indices_reaches_every_module():
+    # the switch is one variable, torch_impl._inputs._VALIDATE_INDICES (no copy in the package or
+    # another module): the sigmoid and the fused linear modules read it there
+    assert not hasattr(ti, "_VALIDATE_INDICES")
+    logits, targets = torch.zeros(2), torch.tensor([0.5, 1.5])
+    hidden, kernel = torch.randn(2, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64)
+    alpha = torch.full((4,), 2.0, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"`targets` of the sigmoid focal loss"):
+        ti.sigmoid_focal_loss(logits, targets)
+    with pytest.raises(ValueError, match=r"`alpha` must have every entry in \[0, 1\]"):
+        ti.linear_softmax_focal_loss(hidden, kernel, torch.tensor([0, 1]), alpha=alpha)
+    with ti.set_validate_indices(False):
+        assert ti._inputs._VALIDATE_INDICES is False
+        ti.sigmoid_focal_loss(logits, targets)
+        ti.linear_softmax_focal_loss(hidden, kernel, torch.tensor([0, 1]), alpha=alpha)
+    assert ti._inputs._VALIDATE_INDICES is True
 
 
 @pytest.mark.parametrize(

@@ -154,8 +154,8 @@ def step_losses_on_device(device: str) -> bool:
 
     if not devices.is_gpu(device):
         # the CPU stands in for an accelerator: the losses take their accelerator validation path
-        torch_impl._reads_on_host = lambda x: False
-        jax_impl._on_host = lambda x: not isinstance(x, jax.Array)
+        torch_impl._inputs._reads_on_host = lambda x: False
+        jax_impl._inputs._on_host = lambda x: not isinstance(x, jax.Array)
         print("cpu: the accelerator validation path forced, host reads refused by a torch mode")
     torch_dev = devices.torch_name(device)
     jax_dev = devices.device_object("jax", device)

@@ -1,0 +1,384 @@
+"""The fused linear + softmax losses of the JAX backend: ``linear_softmax_cross_entropy`` and
+``linear_softmax_focal_loss`` (``linear_weight`` (H, V) as flax's Dense kernel).
+
+A scan over blocks of rows with ``jax.custom_vjp``, never holding the (N, V) logits or their
+gradient (docs/linear.md). May import ``_inputs``, ``_autodiff`` and ``softmax``; never
+``sigmoid`` or ``dualloss.optax``.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import _checks
+from ._inputs import (
+    ArrayLike,
+    _as_array,
+    _check_traced_indices,
+    _compute_dtype,
+    _is_concrete,
+    _not_torch,
+)
+from .softmax import _at, _log1m, _softmax_focal_terms
+
+
+def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing):
+    """Loss of each row of the block's logits `z` (rows, V) and its gradient w.r.t. `z`.
+
+    The identities of torch_impl's ``_linear_block`` (see it): e = exp(z - z_top), S_y the sum
+    of e without column y, r = S_y / e_y; log p_y = -log1p(r) (r <= 1) or (z_y - z_top) - log S,
+    log(1 - p_y) = log r - log1p(r) (r <= 1) or log1p(-p_y), phi = -log1p(r) / r; the gradient
+    p_j v_y off y and -(1 - p_y) v_y at y. Label smoothing (gamma = 0): a = (1 - eps) a_y
+    onehot(y) + eps w / V, loss = sum_c a_c (log S - (z_c - z_top)), gradient p sum(a) - a.
+    """
+    num_classes = z.shape[-1]
+    is_y = jnp.arange(num_classes) == y[:, None]
+    # shift so that the largest logit is 0: exp cannot overflow; a NaN or +inf logit gives NaN
+    z_top = jnp.max(z, axis=-1, keepdims=True)
+    shifted = z - z_top
+    shifted_y = _at(shifted, y)[:, None]
+    e = jnp.where(is_y, 0.0, jnp.exp(shifted))
+    e_y = jnp.exp(shifted_y)
+    others = jnp.sum(e, axis=-1, keepdims=True)
+    total = others + e_y
+    log_total = jnp.log(total)
+    a_y = a_y[:, None]
+    kept = kept[:, None]
+    if label_smoothing != 0.0:
+        # the eps share of the mass sits on every class: no one-hot shortcut for the loss
+        uniform = label_smoothing / num_classes
+        spread = jnp.sum(shifted * class_weight, axis=-1, keepdims=True)
+        weight_sum = jnp.sum(class_weight)
+        mass = (1.0 - label_smoothing) * a_y + uniform * weight_sum * kept
+        loss = (1.0 - label_smoothing) * a_y * (log_total - shifted_y)
+        loss = loss + uniform * kept * (weight_sum * log_total - spread)
+        a = (1.0 - label_smoothing) * a_y * is_y + uniform * kept * class_weight
+        grad = jnp.where(is_y, e_y, e) / total * mass - a
+        return loss[:, 0], grad
+    has_y = e_y > 0.0
+    r = others / jnp.where(has_y, e_y, 1.0)
+    small = has_y & (r <= 1.0)
+    log1p_r = jnp.log1p(jnp.where(small, r, 0.0))
+    log_p = jnp.where(small, -log1p_r, shifted_y - log_total)
+    p = e_y / total
+    not_p = others / total
+    if gamma == 0.0:
+        # (1 - p)^0 = 1, also at p = 1
+        focal_weight = None
+        v = a_y
+    else:
+        safe_r = jnp.where(small & (r > 0.0), r, 1.0)
+        log_not_p = jnp.where(
+            small,
+            jnp.where(r > 0.0, jnp.log(safe_r), -jnp.inf) - log1p_r,
+            _log1m(jnp.where(small, 0.0, p)),
+        )
+        # (1 - p)^gamma = exp(gamma log(1 - p))
+        focal_weight = jnp.exp(gamma * log_not_p)
+        eps = jnp.finfo(z.dtype).eps
+        is_big = r > eps
+        phi = jnp.where(is_big, -log1p_r / jnp.where(is_big, r, 1.0), r / 2.0 - 1.0)
+        rest = jnp.where(has_y & ~small, p * log_p / jnp.where(small, 1.0, not_p), 0.0)
+        phi = jnp.where(small, phi, rest)
+        v = a_y * focal_weight * (1.0 - gamma * phi)
+    # 0 log 0 = 0: no target mass (ignored row, zero weight) contributes nothing
+    weighted = a_y if focal_weight is None else a_y * focal_weight
+    loss = -jnp.where(a_y == 0.0, 0.0, weighted * log_p)
+    # p_j v off y, -(1 - p_y) v_y at y: 1 - p_y = S_y / S
+    grad = jnp.where(is_y, -not_p * v, e * (v / total))
+    return loss[:, 0], grad
+
+
+def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
+    """The per-row losses of logits = h w + b over blocks of rows (``lax.scan``) and, with
+    `grad_loss` (per-row factors), the gradients of sum_i grad_loss_i l_i w.r.t. h, w and b.
+
+    Each block's (rows, V) logits are formed in the compute dtype (float32 for half inputs) and
+    their gradient G mapped through the layer at once: dh = G w^T, dw += h^T G, db += sum G,
+    accumulated in the compute dtype. The focal loss with label smoothing takes the softmax
+    losses' dense path (``_softmax_focal_terms``). The rows are padded to a whole number of
+    blocks with ignored rows (a_y = kept = 0). Returns (loss, dh, dw, db), the gradients None
+    without `grad_loss`, db None without `b`.
+    """
+    gamma, label_smoothing, rows, _ = static
+    dtype = _compute_dtype(h.dtype)
+    num_rows, size = h.shape
+    num_classes = w.shape[1]
+    w = w.astype(dtype)
+    b = None if b is None else b.astype(dtype)
+    weights = jnp.ones(num_classes, dtype) if class_weight is None else class_weight
+    num_blocks = -(-num_rows // rows)
+    pad = num_blocks * rows - num_rows
+
+    def blocks(x):
+        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))
+        return x.reshape(num_blocks, rows, *x.shape[1:])
+
+    with_grad = grad_loss is not None
+    scale = grad_loss if with_grad else jnp.zeros(num_rows, dtype)
+    xs = tuple(blocks(x) for x in (h, y, a_y, kept, scale))
+
+    def step(carry, x):
+        h_block, y_block, a_block, kept_block, scale_block = x
+        # ignored rows enter with hidden 0: their loss and gradient are 0, NaN features included
+        h_block = jnp.where(kept_block[:, None] > 0.0, h_block.astype(dtype), 0.0)
+        z = h_block @ w
+        if b is not None:
+            z = z + b
+        if gamma != 0.0 and label_smoothing != 0.0:
+            # t~ = (1 - eps) onehot(y) + eps / V on the kept rows, times the class weights
+            one_hot = (jnp.arange(num_classes) == y_block[:, None]).astype(dtype)
+            t = (1.0 - label_smoothing) * one_hot + label_smoothing / num_classes
+            loss, grad = _softmax_focal_terms(z, weights * t * kept_block[:, None], gamma)
+            # a NaN-poisoned index (traced, out of range) poisons its row here too
+            loss = loss + 0.0 * a_block
+        else:
+            loss, grad = _linear_block(
+                z, y_block, a_block, kept_block, weights, gamma, label_smoothing
+            )
+        if not with_grad:
+            return carry, (loss, None)
+        grad = grad * scale_block[:, None]
+        dw, db = carry
+        dw = dw + h_block.T @ grad
+        db = None if db is None else db + jnp.sum(grad, axis=0)
+        return (dw, db), (loss, (grad @ w.T).astype(h.dtype))
+
+    init = None
+    if with_grad:
+        init = (jnp.zeros((size, num_classes), dtype), None if b is None else jnp.zeros_like(b))
+    carry, (loss, dh) = jax.lax.scan(step, init, xs)
+    loss = loss.reshape(-1)[:num_rows]
+    if not with_grad:
+        return loss, None, None, None
+    dw, db = carry
+    return loss, dh.reshape(-1, size)[:num_rows], dw, db
+
+
+def _nan_like(x):
+    """The cotangent of an input the fused loss does not differentiate: NaN, never a silent 0."""
+    return None if x is None else jnp.full(jnp.shape(x), jnp.nan, jnp.result_type(x))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _linear_sum(h, w, b, y, a_y, kept, class_weight, row_scale, static):
+    """sum_i row_scale l_i (reductions 'mean' and 'sum'); its VJP computes the gradients in the
+    forward pass (3 matrix products per block, as the unfused loss) and scales them."""
+    loss, *_ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
+    return jnp.sum(loss * row_scale)
+
+
+def _linear_sum_fwd(h, w, b, y, a_y, kept, class_weight, row_scale, static):
+    grad_loss = jnp.broadcast_to(row_scale, y.shape)
+    loss, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static)
+    residuals = (dh, dw, db, y, a_y, kept, class_weight, row_scale)
+    return jnp.sum(loss * row_scale), residuals
+
+
+def _linear_sum_bwd(static, residuals, g):
+    dh, dw, db, y, a_y, kept, class_weight, row_scale = residuals
+    # scaled in the compute dtype, then rounded once to the inputs' dtypes
+    w_dtype, b_dtype = static[3]
+    db = None if db is None else (g * db).astype(b_dtype)
+    return (
+        (g * dh).astype(dh.dtype),
+        (g * dw).astype(w_dtype),
+        db,
+        None,
+        _nan_like(a_y),
+        None,
+        _nan_like(class_weight),
+        _nan_like(row_scale),
+    )
+
+
+_linear_sum.defvjp(_linear_sum_fwd, _linear_sum_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _linear_rows(h, w, b, y, a_y, kept, class_weight, static):
+    """The per-row losses (reduction 'none'); its VJP recomputes the blocks with the row factors."""
+    loss, *_ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
+    return loss
+
+
+def _linear_rows_fwd(h, w, b, y, a_y, kept, class_weight, static):
+    loss, *_ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
+    return loss, (h, w, b, y, a_y, kept, class_weight)
+
+
+def _linear_rows_bwd(static, residuals, g):
+    h, w, b, y, a_y, kept, class_weight = residuals
+    _, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, g, static)
+    dw = dw.astype(w.dtype)
+    db = None if db is None else db.astype(b.dtype)
+    return dh, dw, db, None, _nan_like(a_y), None, _nan_like(class_weight)
+
+
+_linear_rows.defvjp(_linear_rows_fwd, _linear_rows_bwd)
+
+
+def _linear_softmax(
+    hidden,
+    linear_weight,
+    targets,
+    bias,
+    class_weight_arg,
+    gamma,
+    is_focal,
+    ignore_index,
+    label_smoothing,
+    reduction,
+    chunk_size,
+):
+    """Validates the fused loss's arguments and applies the row-block scan to the rows of
+    `hidden` (``spec._linear_softmax``, without its (N, V) logits)."""
+    _not_torch(hidden=hidden, linear_weight=linear_weight, targets=targets, bias=bias)
+    _not_torch(weight=class_weight_arg, gamma=gamma, label_smoothing=label_smoothing)
+    reduction = _checks.reduction(reduction)
+    hidden = _as_array(hidden)
+    linear_weight = _as_array(linear_weight)
+    targets = _as_array(targets)
+    _checks.float_logits("hidden", jnp.issubdtype(hidden.dtype, jnp.floating), hidden.dtype)
+    _checks.float_logits(
+        "linear_weight",
+        jnp.issubdtype(linear_weight.dtype, jnp.floating),
+        linear_weight.dtype,
+    )
+    _checks.index_targets(jnp.issubdtype(targets.dtype, jnp.integer), targets.dtype)
+    if bias is not None:
+        bias = _as_array(bias)
+    bias_shape = None if bias is None else bias.shape
+    size, num_classes = _checks.linear_shapes(
+        hidden.shape, linear_weight.shape, bias_shape, targets.shape, 1
+    )
+    chunk_size = _checks.chunk_size(chunk_size)
+    ignore_index = _checks.ignore_index(ignore_index)
+    # static here (they select the block's code path): Python numbers
+    label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
+    if is_focal:
+        gamma = _checks.gamma(gamma)
+    dtype = _compute_dtype(hidden.dtype)
+    vector = class_weight_arg
+    if vector is not None and not np.isscalar(vector):
+        vector = _as_array(vector)
+    if is_focal:
+        _checks.focal_alpha(vector, num_classes)
+        if vector is not None and _is_concrete(vector):
+            _checks.unit_interval_values("alpha", np.atleast_1d(vector))
+    elif vector is not None:
+        _checks.class_vector("weight", vector.shape, num_classes)
+    if vector is None:
+        class_weight = None
+    else:
+        class_weight = jnp.broadcast_to(_as_array(vector).astype(dtype), (num_classes,))
+    y = targets.reshape(-1)
+    if _is_concrete(y):
+        _checks.class_indices(np.asarray(y), num_classes, ignore_index)
+    else:
+        _check_traced_indices(y, num_classes, ignore_index)
+    keep = y != ignore_index
+    # an index outside [0, C) cannot raise under jit: its row's loss and gradient are NaN
+    poison = jnp.where(keep & ((y < 0) | (y >= num_classes)), jnp.nan, 0.0).astype(dtype)
+    y_safe = jnp.where(keep, jnp.clip(y, 0, num_classes - 1), 0)
+    weights = jnp.ones(num_classes, dtype) if class_weight is None else class_weight
+    a_y = jnp.where(keep, weights[y_safe], 0.0) + poison
+    kept = keep.astype(dtype)
+    h = hidden.reshape(-1, size)
+    if chunk_size is None:
+        # the dense path (focal with label smoothing) holds ~8 temporaries per block
+        dense = is_focal and gamma != 0.0 and label_smoothing != 0.0
+        budget = (1 << 19) if dense else (1 << 22)
+        chunk_size = _checks.default_chunk_size(h.shape[0], num_classes, budget)
+    rows = min(chunk_size, max(h.shape[0], 1))
+    dtypes = (linear_weight.dtype, None if bias is None else bias.dtype)
+    static = (gamma, label_smoothing, rows, dtypes)
+    if reduction == "none":
+        loss = _linear_rows(h, linear_weight, bias, y_safe, a_y, kept, class_weight, static)
+        return loss.reshape(targets.shape).astype(hidden.dtype)
+    if reduction == "mean":
+        if is_focal or class_weight is None:
+            # plain mean over the kept rows
+            denominator = jnp.sum(kept)
+        else:
+            # torch: the weighted mean divides by the weights of the kept targets
+            denominator = jnp.sum(jnp.where(keep, weights[y_safe], 0.0))
+        nonzero = denominator != 0
+        row_scale = jnp.where(nonzero, 1.0 / jnp.where(nonzero, denominator, 1.0), 0.0)
+    else:
+        row_scale = jnp.ones((), dtype)
+    row_scale = row_scale.astype(dtype)
+    loss = _linear_sum(h, linear_weight, bias, y_safe, a_y, kept, class_weight, row_scale, static)
+    return loss.astype(hidden.dtype)
+
+
+def linear_softmax_cross_entropy(
+    hidden: ArrayLike,
+    linear_weight: ArrayLike,
+    targets: ArrayLike,
+    *,
+    bias: ArrayLike | None = None,
+    weight: ArrayLike | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> jax.Array:
+    """Softmax cross entropy of hidden @ linear_weight + bias without the (N, V) logits
+    (``spec.linear_softmax_cross_entropy``); `linear_weight` (H, V) as the spec.
+
+    A ``jax.custom_vjp`` over a ``lax.scan`` of row blocks (`chunk_size` rows; default: blocks
+    of at most 4M logits, 512K for focal with label smoothing). Computed in the hidden dtype
+    (float32 for float16/bfloat16, accumulators included), returned in it. Gradients for
+    `hidden`, `linear_weight` and `bias`; `weight` gets NaN (no gradient is given for it, never a
+    silent 0). `label_smoothing` (and the focal `gamma`) are Python numbers here, not traced.
+    Under ``jit`` an index outside [0, V) gives NaN.
+    """
+    return _linear_softmax(
+        hidden,
+        linear_weight,
+        targets,
+        bias,
+        weight,
+        0.0,
+        False,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        chunk_size,
+    )
+
+
+def linear_softmax_focal_loss(
+    hidden: ArrayLike,
+    linear_weight: ArrayLike,
+    targets: ArrayLike,
+    *,
+    bias: ArrayLike | None = None,
+    gamma: float = 2.0,
+    alpha: ArrayLike | float | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> jax.Array:
+    """Softmax focal loss of hidden @ linear_weight + bias without the (N, V) logits
+    (``spec.linear_softmax_focal_loss``); blocks, dtypes and gradients as
+    ``linear_softmax_cross_entropy`` (a vector `alpha` gets a NaN gradient)."""
+    return _linear_softmax(
+        hidden,
+        linear_weight,
+        targets,
+        bias,
+        alpha,
+        gamma,
+        True,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        chunk_size,
+    )

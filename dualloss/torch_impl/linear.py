@@ -1,0 +1,393 @@
+"""The fused linear + softmax losses of the torch backend: ``linear_softmax_cross_entropy`` and
+``linear_softmax_focal_loss`` (``linear_weight`` (V, H) as ``nn.Linear``).
+
+Streams over blocks of rows, never holding the (N, V) logits or their gradient (docs/linear.md).
+May import ``_inputs``, ``_autodiff`` and ``softmax``; never ``sigmoid`` or ``dropins``.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+from .. import _checks
+from . import _inputs
+from ._inputs import (
+    _as_array,
+    _compute_dtype,
+    _dtype_name,
+    _gamma,
+    _is_index,
+    _unit_interval,
+    _values_are_concrete,
+)
+from .softmax import _softmax_loss_or_grad
+
+
+def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_loss):
+    """Loss of each row of the block's logits `z` (rows, V) and, with `grad_loss`, the gradient
+    w.r.t. `z` times grad_loss, written over `z` itself (the block's only (rows, V) tensor).
+
+    Index targets y with mass a_y = class_weight_y (0 for ignored rows), `kept` 1 or 0 per row.
+    With e = exp(z - z_top), S_y = sum_{j != y} e_j (column y left out of the sum, so no
+    cancellation) and r = S_y / e_y:
+      log p_y = -log1p(r) (r <= 1) or (z_y - z_top) - log(S) (r > 1, p_y < 1/2),
+      log(1 - p_y) = log r - log1p(r) (r <= 1) or log1p(-p_y),  1 - p_y = S_y / S,
+      phi(p_y) = p log p / (1 - p) = -log1p(r) / r (-1 + r / 2 below eps),
+    the identities of ``spec._log_softmax`` / ``_focal_phi`` with y in place of the top class:
+    exact for every y, also p_y within 1e-30 of 1. The gradient is p_j v_y off y and
+    -(1 - p_y) v_y at y (``_softmax_focal_terms_sparse``). Label smoothing (cross entropy only,
+    gamma = 0): a = (1 - eps) a_y onehot(y) + eps w / V, loss = sum_c a_c (log S - (z_c - z_top)),
+    gradient p sum(a) - a.
+    """
+    num_classes = z.shape[-1]
+    # shift so that the largest logit is 0: exp cannot overflow; a NaN or +inf logit gives NaN
+    z_top = torch.amax(z, dim=-1, keepdim=True)
+    shifted = z.sub_(z_top)
+    shifted_y = shifted.gather(-1, y)
+    if label_smoothing != 0.0:
+        uniform = label_smoothing / num_classes
+        if class_weight is None:
+            spread = shifted.sum(dim=-1, keepdim=True)
+            weight_sum = float(num_classes)
+        else:
+            spread = (shifted @ class_weight).unsqueeze(-1)
+            weight_sum = class_weight.sum()
+    e = shifted.exp_()
+    e_y = e.gather(-1, y)
+    others = e.scatter_(-1, y, 0.0).sum(dim=-1, keepdim=True)
+    total = others + e_y
+    log_total = torch.log(total)
+    if label_smoothing != 0.0:
+        # the eps share of the mass sits on every class: no one-hot shortcut for the loss
+        mass = (1.0 - label_smoothing) * a_y + uniform * weight_sum * kept
+        loss = (1.0 - label_smoothing) * a_y * (log_total - shifted_y)
+        loss = loss + uniform * kept * (weight_sum * log_total - spread)
+        focal_weight = None
+        v = (1.0 - label_smoothing) * a_y
+    else:
+        has_y = e_y > 0.0
+        r = others / torch.where(has_y, e_y, 1.0)
+        small = has_y & (r <= 1.0)
+        log1p_r = torch.log1p(torch.where(small, r, 0.0))
+        log_p = torch.where(small, -log1p_r, shifted_y - log_total)
+        p = e_y / total
+        if gamma == 0.0:
+            # (1 - p)^0 = 1, also at p = 1
+            focal_weight = None
+            v = a_y
+        else:
+            log_not_p = torch.where(
+                small, torch.log(r) - log1p_r, torch.log1p(-torch.where(small, 0.0, p))
+            )
+            # (1 - p)^gamma = exp(gamma log(1 - p))
+            focal_weight = torch.exp(gamma * log_not_p)
+            eps = torch.finfo(z.dtype).eps
+            is_big = r > eps
+            phi = torch.where(is_big, -log1p_r / torch.where(is_big, r, 1.0), r / 2.0 - 1.0)
+            phi = torch.where(small, phi, torch.where(has_y, p * log_p / (others / total), 0.0))
+            v = a_y * focal_weight * (1.0 - gamma * phi)
+        # 0 log 0 = 0: no target mass (ignored row, zero weight) contributes nothing
+        weighted = a_y if focal_weight is None else a_y * focal_weight
+        loss = -torch.where(a_y == 0.0, 0.0, weighted * log_p)
+        mass = v
+    if grad_loss is None:
+        return loss.squeeze(-1), None
+    coefficient = grad_loss.unsqueeze(-1) * mass / total
+    # p_j v off y (column y of e is 0 now), -(1 - p_y) v_y at y: 1 - p_y = S_y / S
+    grad = e.mul_(coefficient)
+    if label_smoothing != 0.0:
+        # minus the eps share eps w_c / V of every class; column y: p_y sum(a) - a_y
+        uniform_mass = uniform * grad_loss.unsqueeze(-1) * kept
+        if class_weight is None:
+            grad.sub_(uniform_mass)
+            uniform_y = uniform_mass
+        else:
+            grad.addcmul_(uniform_mass, class_weight, value=-1.0)
+            uniform_y = uniform_mass * class_weight[y]
+        at_y = grad_loss.unsqueeze(-1) * (e_y / total * mass - (1.0 - label_smoothing) * a_y)
+        at_y = at_y - uniform_y
+    else:
+        at_y = -(others / total) * grad_loss.unsqueeze(-1) * v
+    grad = grad.scatter_(-1, y, at_y)
+    return loss.squeeze(-1), grad
+
+
+def _linear_chunks(h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss):
+    """The per-row losses of logits = h w^T + b, one block of `rows` rows at a time, and (with
+    `grad_loss`, per-row factors) the gradients of sum_i grad_loss_i l_i w.r.t. h, w and b.
+
+    Each block's (rows, V) logits are formed in the compute dtype (float32 for half inputs);
+    ``_linear_block`` turns them in place into the block's gradient G, mapped through the linear
+    layer at once: dh = G w, dw += G^T h, db += sum_rows G. The focal loss with label smoothing
+    takes the softmax losses' dense path (``_softmax_loss_or_grad``) instead. The accumulators
+    are in the compute dtype: float32 for half inputs (a bfloat16 running sum loses every small
+    update). Ignored rows enter with hidden 0 (their loss and gradient are 0 whatever their
+    features, NaN included). Returns (loss, dh, dw, db); the gradients None without
+    `grad_loss`, db None without `b`.
+    """
+    dtype = _compute_dtype(h.dtype)
+    num_rows = h.shape[0]
+    w = w.to(dtype)
+    b = None if b is None else b.to(dtype)
+    loss = torch.empty(num_rows, dtype=dtype, device=h.device)
+    dh = dw = db = None
+    if grad_loss is not None:
+        dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        dw = torch.zeros(w.shape, dtype=dtype, device=h.device)
+        db = None if b is None else torch.zeros(b.shape, dtype=dtype, device=h.device)
+    dense = gamma != 0.0 and label_smoothing != 0.0
+    # one (rows, V) buffer for every block: the allocator hands no block back and forth (glibc
+    # keeps freed blocks resident once its mmap threshold has risen to their size)
+    buffer = torch.empty((min(rows, num_rows), w.shape[0]), dtype=dtype, device=h.device)
+    for start in range(0, num_rows, rows):
+        y_block = y[start : start + rows]
+        keep = (y_block != ignore_index).unsqueeze(-1)
+        h_block = torch.where(keep, h[start : start + rows].to(dtype), 0.0)
+        z = buffer[: h_block.shape[0]]
+        if b is None:
+            torch.mm(h_block, w.T, out=z)
+        else:
+            torch.addmm(b, h_block, w.T, out=z)
+        block_grad = None if grad_loss is None else grad_loss[start : start + rows]
+        if dense:
+            options = (1, gamma, ignore_index, label_smoothing)
+            block_loss = _softmax_loss_or_grad(z, y_block, None, class_weight, *options, None)
+            grad = None
+            if block_grad is not None:
+                grad = _softmax_loss_or_grad(z, y_block, None, class_weight, *options, block_grad)
+        else:
+            y_safe = torch.where(keep, y_block.unsqueeze(-1), 0)
+            ones = torch.ones((), dtype=dtype, device=h.device)
+            a_y = torch.where(keep, ones if class_weight is None else class_weight[y_safe], 0.0)
+            kept = keep.to(dtype)
+            block_loss, grad = _linear_block(
+                z, y_safe, a_y, kept, class_weight, gamma, label_smoothing, block_grad
+            )
+        loss[start : start + rows] = block_loss
+        if grad is None:
+            continue
+        dh[start : start + rows] = grad @ w
+        dw.addmm_(grad.T, h_block)
+        if db is not None:
+            db += grad.sum(dim=0)
+    return loss, dh, dw, db
+
+
+class _LinearSoftmax(torch.autograd.Function):
+    """The fused loss as one autograd node: nothing of size (N, V) outlives a block.
+
+    Reductions 'mean' and 'sum': when a gradient is wanted, the forward computes it along with
+    the loss (one pass: 3 matrix products per block, as the unfused loss), for an output gradient
+    of 1, and the backward scales it (a second backward, retain_graph, recomputes it from the saved
+    inputs). Reduction 'none': the backward recomputes the blocks with the per-row output gradient.
+    The backward itself is not differentiable (create_graph raises, never a silent None).
+    """
+
+    @staticmethod
+    def forward(ctx, h, w, b, y, class_weight, row_scale, options):
+        gamma, ignore_index, label_smoothing, rows, per_row = options
+        needs = any(ctx.needs_input_grad[:3])
+        grad_loss = None
+        if needs and not per_row:
+            grad_loss = row_scale.expand(h.shape[0])
+        loss, dh, dw, db = _linear_chunks(
+            h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss
+        )
+        ctx.save_for_backward(h, w, b, y, class_weight, row_scale)
+        ctx.options = options
+        ctx.precomputed = None if grad_loss is None else (dh, dw, db)
+        if per_row:
+            return loss
+        # each term divided before summing: 0 when nothing is kept (row_scale 0)
+        return (loss * row_scale).sum()
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        h, w, b, y, class_weight, row_scale = ctx.saved_tensors
+        gamma, ignore_index, label_smoothing, rows, per_row = ctx.options
+        if ctx.precomputed is not None:
+            dh, dw, db = ctx.precomputed
+            ctx.precomputed = None
+            scale = grad_output.to(dw.dtype)
+        else:
+            grad_loss = grad_output if per_row else (row_scale * grad_output).expand(h.shape[0])
+            _, dh, dw, db = _linear_chunks(
+                h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss
+            )
+            scale = None
+        if scale is not None:
+            dh = (dh * scale).to(h.dtype)
+            dw = dw.mul_(scale)
+            db = None if db is None else db.mul_(scale)
+        dw = dw.to(w.dtype)
+        db = None if db is None else db.to(b.dtype)
+        return dh, dw, db, None, None, None, None
+
+
+def _linear_softmax(
+    hidden,
+    linear_weight,
+    targets,
+    bias,
+    class_weight_arg,
+    gamma,
+    is_focal,
+    ignore_index,
+    label_smoothing,
+    reduction,
+    chunk_size,
+):
+    """Validates the fused loss's arguments and applies ``_LinearSoftmax`` to the rows of
+    `hidden` (``spec._linear_softmax``, without its (N, V) logits)."""
+    reduction = _checks.reduction(reduction)
+    hidden = _as_array("hidden", hidden)
+    linear_weight = _as_array("linear_weight", linear_weight, hidden.device)
+    targets = _as_array("targets", targets, hidden.device)
+    _checks.float_logits("hidden", hidden.is_floating_point(), _dtype_name(hidden.dtype))
+    _checks.float_logits(
+        "linear_weight", linear_weight.is_floating_point(), _dtype_name(linear_weight.dtype)
+    )
+    _checks.index_targets(_is_index(targets), _dtype_name(targets.dtype))
+    if bias is not None:
+        bias = _as_array("bias", bias, hidden.device)
+    bias_shape = None if bias is None else bias.shape
+    size, num_classes = _checks.linear_shapes(
+        hidden.shape, linear_weight.shape, bias_shape, targets.shape, 0
+    )
+    chunk_size = _checks.chunk_size(chunk_size)
+    ignore_index = _checks.ignore_index(ignore_index)
+    label_smoothing = _unit_interval("label_smoothing", label_smoothing)
+    if is_focal:
+        gamma = _gamma(gamma)
+        name = "alpha"
+    else:
+        name = "weight"
+    vector = class_weight_arg
+    dtype = _compute_dtype(hidden.dtype)
+    if vector is not None and not isinstance(vector, numbers.Real):
+        vector = _as_array(name, vector, hidden.device)
+        if vector.requires_grad:
+            raise ValueError(
+                f"`{name}` must not require grad: the fused linear losses give no gradient "
+                f"w.r.t. it (pass {name}.detach()). Received: {name}.requires_grad=True."
+            )
+    if is_focal:
+        _checks.focal_alpha(vector, num_classes)
+        if (
+            isinstance(vector, Tensor)
+            and _inputs._VALIDATE_INDICES
+            and _values_are_concrete(vector)
+        ):
+            _checks.unit_interval_values("alpha", vector.double().cpu().numpy().ravel())
+    elif vector is not None:
+        _checks.class_vector("weight", vector.shape, num_classes)
+    if vector is None:
+        class_weight = None
+    elif isinstance(vector, numbers.Real):
+        class_weight = torch.full((num_classes,), float(vector), dtype=dtype, device=hidden.device)
+    else:
+        class_weight = vector.to(dtype).expand(num_classes)
+    y = targets.reshape(-1)
+    if _inputs._VALIDATE_INDICES and _values_are_concrete(y):
+        # one device synchronisation; see the module docstring to skip it
+        bad = ((y < 0) | (y >= num_classes)) & (y != ignore_index)
+        if bool(bad.any()):
+            _checks.class_indices(targets.cpu().numpy(), num_classes, ignore_index)
+    y = y.long()
+    h = hidden.reshape(-1, size)
+    keep = y != ignore_index
+    if reduction == "mean":
+        if is_focal or class_weight is None:
+            # plain mean over the kept rows
+            denominator = keep.sum().to(dtype)
+        else:
+            # torch: the weighted mean divides by the weights of the kept targets
+            denominator = torch.where(keep, class_weight[torch.where(keep, y, 0)], 0.0).sum()
+        is_zero = denominator == 0.0
+        row_scale = torch.where(is_zero, 0.0, 1.0 / torch.where(is_zero, 1.0, denominator))
+    else:
+        row_scale = torch.ones((), dtype=dtype, device=hidden.device)
+    if chunk_size is None:
+        # the dense path (label smoothing) holds ~8 temporaries per block, the gather path ~3
+        budget = (1 << 22) if label_smoothing == 0.0 else (1 << 19)
+        # up to 1/16 of the logits (64 MiB blocks at most): at (4096, 256, 32000) 256 rows, 1.3x
+        # faster than 128 rows on CPU, the block 0.0625x the logits
+        chunk_size = _checks.default_chunk_size(h.shape[0], num_classes, budget, fraction=16)
+    options = (gamma, ignore_index, label_smoothing, chunk_size, reduction == "none")
+    loss = _LinearSoftmax.apply(h, linear_weight, bias, y, class_weight, row_scale, options)
+    if reduction == "none":
+        loss = loss.reshape(targets.shape)
+    return loss.to(hidden.dtype)
+
+
+def linear_softmax_cross_entropy(
+    hidden: Tensor,
+    linear_weight: Tensor,
+    targets: Tensor,
+    *,
+    bias: Tensor | None = None,
+    weight: Tensor | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Softmax cross entropy of ``F.linear(hidden, linear_weight, bias)`` without the (N, V)
+    logits (``spec.linear_softmax_cross_entropy``).
+
+    Differs from the spec: `linear_weight` is (V, H) as ``nn.Linear``; rows are processed in
+    blocks of `chunk_size` (default: (rows, V) blocks of 4M entries (512K with label smoothing),
+    grown up to 1/16 of the logits and 16M entries), so the extra memory is one block plus, for
+    half inputs, float32 copies of `linear_weight` and its gradient accumulator. Result in the
+    hidden dtype (half precision computed in float32). Gradients for `hidden`, `linear_weight`
+    and `bias`; a class `weight` that requires grad raises (no gradient is given for it). A
+    mean over no kept row is 0.
+    """
+    return _linear_softmax(
+        hidden,
+        linear_weight,
+        targets,
+        bias,
+        weight,
+        0.0,
+        False,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        chunk_size,
+    )
+
+
+def linear_softmax_focal_loss(
+    hidden: Tensor,
+    linear_weight: Tensor,
+    targets: Tensor,
+    *,
+    bias: Tensor | None = None,
+    gamma: float = 2.0,
+    alpha: Tensor | float | None = None,
+    ignore_index: int = -100,
+    label_smoothing: float = 0.0,
+    reduction: str = "mean",
+    chunk_size: int | None = None,
+) -> Tensor:
+    """Softmax focal loss of ``F.linear(hidden, linear_weight, bias)`` without the (N, V) logits
+    (``spec.linear_softmax_focal_loss``); layout, blocks and dtypes as
+    ``linear_softmax_cross_entropy``. A vector `alpha` that requires grad raises."""
+    return _linear_softmax(
+        hidden,
+        linear_weight,
+        targets,
+        bias,
+        alpha,
+        gamma,
+        True,
+        ignore_index,
+        label_smoothing,
+        reduction,
+        chunk_size,
+    )
