@@ -1,14 +1,14 @@
 """Mutation check: plant plausible bugs in the backends, one at a time, and see which tests fail.
 
     python dev/mutate.py                 # every mutation, the conformance suite in every dtype
-    python dev/mutate.py --list          # the mutations
+    python dev/mutate.py --list          # the mutations (exit status 1 if one is stale)
     python dev/mutate.py --only 3,5      # some of them
     python dev/mutate.py --markdown docs/mutation.md   # write the results table there
 
-Each mutation replaces one exact snippet of ``dualloss/<module>.py`` (it must occur exactly once,
-else the mutation is reported as stale) in a copy of the repository, then runs the conformance
-tests of that backend and loss (``tests/test_conformance.py``, the parity machinery against the
-spec) once per dtype, plus the backend's own test file. The fused linear losses have no
+Each mutation replaces one exact snippet of ``dualloss/<backend>/<module>.py`` (it must occur
+exactly once, else the mutation is reported as stale) in a copy of the repository, then runs the
+conformance tests of that backend and loss (``tests/test_conformance.py``, the parity machinery
+against the spec) once per dtype, plus the backend's own test file. The fused linear losses have no
 conformance tests: for them each dtype runs ``dualloss-parity run`` on that backend and loss
 (``parity.linear``'s cases, strict standard). A mutation is *caught* in a dtype when a
 test of that dtype fails. A mutation that no test catches in some dtype is a hole in the suite.
@@ -34,7 +34,7 @@ DTYPES = ("float64", "float32", "float16", "bfloat16")
 
 @dataclass(frozen=True)
 class Mutation:
-    module: str  # torch_impl or jax_impl
+    module: str  # the file under dualloss/ that holds `old`, e.g. torch_impl/softmax.py
     loss: str  # the conformance tests to run (a registry name)
     what: str
     old: str
@@ -47,163 +47,178 @@ class Mutation:
 
 MUTATIONS = (
     Mutation(
-        "torch_impl", "softmax_focal_loss", "focal backward drops the gamma * phi term",
+        "torch_impl/softmax.py", "softmax_focal_loss", "focal backward drops the gamma * phi term",
         "    v = focal_weight * (1.0 - gamma * phi)\n",
         "    v = focal_weight\n",
     ),
     Mutation(
-        "jax_impl", "softmax_focal_loss", "focal gradient drops the gamma * phi term",
+        "jax_impl/softmax.py", "softmax_focal_loss", "focal gradient drops the gamma * phi term",
         "        phi = jnp.where(at_top, phi_top, phi_rest)\n"
         "        v = a_y * focal_weight * (1.0 - gamma * phi)\n",
         "        phi = jnp.where(at_top, phi_top, phi_rest)\n"
         "        v = a_y * focal_weight\n",
     ),
     Mutation(
-        "jax_impl", "softmax_cross_entropy", "label smoothing spread as eps / (C - 1)",
+        "jax_impl/_inputs.py", "softmax_cross_entropy", "label smoothing spread as eps / (C - 1)",
         "        uniform = jnp.where(valid, 1.0 / jnp.maximum(num_valid, 1), 0.0)\n",
         "        uniform = jnp.where(valid, 1.0 / jnp.maximum(num_valid - 1, 1), 0.0)\n",
     ),
     Mutation(
-        "torch_impl", "softmax_cross_entropy", "label smoothing spread as eps / (C - 1)",
+        "torch_impl/_inputs.py", "softmax_cross_entropy", "label smoothing spread as eps / (C - 1)",
         "            uniform = 1.0 / num_classes\n",
         "            uniform = 1.0 / (num_classes - 1)\n",
     ),
     Mutation(
-        "torch_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
+        "torch_impl/softmax.py", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
         "        log_p_y = torch.log1p(r / p_y).neg_()\n",
         "        log_p_y = torch.log(1.0 + r / p_y).neg_()\n",
     ),
     Mutation(
-        "jax_impl", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
-        "    log1p_s = jnp.log1p(s)\n    # log s",
-        "    log1p_s = jnp.log(1.0 + s)\n    # log s",
+        "jax_impl/softmax.py", "softmax_focal_loss", "log1p(s) computed as log(1 + s)",
+        "    log1p_s = jnp.log1p(s)\n    has_others",
+        "    log1p_s = jnp.log(1.0 + s)\n    has_others",
     ),
     Mutation(
-        "jax_impl", "softmax_cross_entropy", "the top's e - 1 in s as the constant 0",
+        "jax_impl/softmax.py", "softmax_cross_entropy", "the top's e - 1 in s as the constant 0",
         "    s_others = jnp.sum(e - jnp.floor(e), axis=-1, keepdims=True)\n",
         "    s_others = jnp.sum(jnp.where(e >= 1.0, 0.0, e), axis=-1, keepdims=True)\n",
         "hessian or check_grads", "tests/test_jax_transforms.py",
     ),
     Mutation(
-        "jax_impl", "softmax_focal_loss", "focal mean over every row, ignored ones included",
+        "jax_impl/softmax.py",
+        "softmax_focal_loss", "focal mean over every row, ignored ones included",
         "        denominator = jnp.sum(keep)\n",
         "        denominator = keep.size\n",
     ),
     Mutation(
-        "torch_impl", "softmax_focal_loss", "focal mean over every row, ignored ones included",
+        "torch_impl/softmax.py",
+        "softmax_focal_loss", "focal mean over every row, ignored ones included",
         "        denominator = keep.sum()\n",
         "        denominator = keep.numel()\n",
     ),
     Mutation(
-        "jax_impl", "sigmoid_focal_loss", "alpha_t with alpha and 1 - alpha swapped",
+        "jax_impl/sigmoid.py", "sigmoid_focal_loss", "alpha_t with alpha and 1 - alpha swapped",
         "        alpha_t = alpha * t + (1.0 - alpha) * (1.0 - t)\n    # r = p",
         "        alpha_t = (1.0 - alpha) * t + alpha * (1.0 - t)\n    # r = p",
     ),
     Mutation(
-        "torch_impl", "sigmoid_cross_entropy", "pos_weight applied to the negative term",
+        "torch_impl/sigmoid.py", "sigmoid_cross_entropy", "pos_weight applied to the negative term",
         "    grad = _addcmul(grad, q * t, not_p, -1.0, inplace)\n",
         "    grad = _addcmul(grad, q * (1.0 - t), not_p, -1.0, inplace)\n",
     ),
     Mutation(
-        "jax_impl", "softmax_cross_entropy", "log1p(s) computed as log(1 + s) (the fast path)",
+        "jax_impl/softmax.py",
+        "softmax_cross_entropy", "log1p(s) computed as log(1 + s) (the fast path)",
         "    log1p_s = jnp.log1p(s)\n    return shifted",
         "    log1p_s = jnp.log(1.0 + s)\n    return shifted",
     ),
     Mutation(
-        "torch_impl", "sigmoid_cross_entropy", "softplus(x) - t x formed with its cancellation",
+        "torch_impl/sigmoid.py",
+        "sigmoid_cross_entropy", "softplus(x) - t x formed with its cancellation",
         "            loss = _addcmul(x.clamp_min(0.0), t, x, -1.0, inplace)\n"
         "            minus_e = torch.nn.functional.softplus(x.abs(), beta=-1.0, threshold=20.0)\n",
         "            loss = _addcmul(_softplus(x), t, x, -1.0, inplace)\n"
         "            minus_e = torch.zeros_like(x)\n",
     ),
     Mutation(
-        "torch_impl", "sigmoid_focal_loss", "sigma(x) - t formed with its cancellation",
+        "torch_impl/sigmoid.py", "sigmoid_focal_loss", "sigma(x) - t formed with its cancellation",
         "    p_minus_t = _addcmul(not_pt, t, not_p, -2.0, False)\n",
         "    p_minus_t = p - t\n",
     ),
     Mutation(
-        "torch_impl", "softmax_cross_entropy", "1 - p_y at the top formed as 1 - p_y (fast path)",
+        "torch_impl/softmax.py",
+        "softmax_cross_entropy", "1 - p_y at the top formed as 1 - p_y (fast path)",
         "                grad = p.detach().mul_(scale).scatter_(-1, y, (r * scale).neg_())\n",
         "                grad = p.detach().mul_(scale).scatter_(\n"
         "                    -1, y, ((1.0 - p.gather(-1, y) * k) * scale).neg_()\n"
         "                )\n",
     ),
     Mutation(
-        "torch_impl", "softmax_cross_entropy", "1 - p_y as the row sum less p_y in every row",
+        "torch_impl/softmax.py",
+        "softmax_cross_entropy", "1 - p_y as the row sum less p_y in every row",
         "            count = int(dominant.count_nonzero())\n",
         "            count = 0\n",
     ),
     Mutation(
-        "torch_impl", "softmax_focal_loss", "an underflowed p_y's log from p_y alone (fast path)",
+        "torch_impl/softmax.py",
+        "softmax_focal_loss", "an underflowed p_y's log from p_y alone (fast path)",
         "            log_p_y = torch.where(small, from_logits, log_p_y)\n",
         "            log_p_y = log_p_y\n",
         own_tests="fast_path_branches",
     ),
     Mutation(
-        "torch_impl", "sigmoid_cross_entropy", "sigma(x) - t with its cancellation (CE fast path)",
+        "torch_impl/sigmoid.py",
+        "sigmoid_cross_entropy", "sigma(x) - t with its cancellation (CE fast path)",
         "            return p.lerp_(_scaled_sigmoid(torch.neg(coefficient), x, -1), t)\n",
         "            return p.sub_(t * coefficient)\n",
     ),
     Mutation(
-        "torch_impl", "sigmoid_focal_loss", "+inf logits keep a finite gradient",
+        "torch_impl/sigmoid.py", "sigmoid_focal_loss", "+inf logits keep a finite gradient",
         "                    grads[i] = _posinf_to_nan(logits, grads[i])\n",
         "                    pass\n",
         own_tests="sigmoid_special_logits",
     ),
     Mutation(
-        "jax_impl", "sigmoid_cross_entropy", "log1p(e) of the shared sigmoid parts as log(1 + e)",
+        "jax_impl/sigmoid.py",
+        "sigmoid_cross_entropy", "log1p(e) of the shared sigmoid parts as log(1 + e)",
         "    log1p_e = jnp.log1p(e)\n    sigma_abs",
         "    log1p_e = jnp.log(1.0 + e)\n    sigma_abs",
     ),
     Mutation(
-        "jax_impl", "sigmoid_focal_loss", "r without its a = 0 branch (0 / 0 where e underflows)",
+        "jax_impl/sigmoid.py",
+        "sigmoid_focal_loss", "r without its a = 0 branch (0 / 0 where e underflows)",
         "    r = jnp.where(no_a, sigma_abs, _ratio(e * sigma_abs, jnp.where(no_a, 1.0, y)))\n",
         "    r = _ratio(e * sigma_abs, y)\n",
     ),
     Mutation(
-        "jax_impl", "sigmoid_focal_loss", "log(1 - p_t) near 1 as log(a + e b), never log1p",
+        "jax_impl/sigmoid.py",
+        "sigmoid_focal_loss", "log(1 - p_t) near 1 as log(a + e b), never log1p",
         "    near_one = z <= 0.25\n",
         "    near_one = z < 0.0\n",
     ),
     Mutation(
-        "jax_impl", "sigmoid_focal_loss", "r as a plain quotient (d r forms (1 - p_t)^-2)",
+        "jax_impl/sigmoid.py",
+        "sigmoid_focal_loss", "r as a plain quotient (d r forms (1 - p_t)^-2)",
         "_ratio(e * sigma_abs, jnp.where(no_a, 1.0, y))",
         "e * sigma_abs / jnp.where(no_a, 1.0, y)",
         "tiny_soft_targets", "tests/test_jax_transforms.py",
     ),
     Mutation(
-        "torch_impl", "softmax_cross_entropy", "1 - p_y as 1 - p_y where not dominant (no row sum)",
+        "torch_impl/softmax.py",
+        "softmax_cross_entropy", "1 - p_y as 1 - p_y where not dominant (no row sum)",
         "            r = p.sum(dim=-1, keepdim=True) - p_y\n",
         "            r = 1.0 - p_y\n",
         own_tests="renormalises_softmax",
     ),
     Mutation(
-        "jax_impl", "softmax_cross_entropy", "complex row sum without its count of tops",
+        "jax_impl/softmax.py", "softmax_cross_entropy", "complex row sum without its count of tops",
         "        s = jnp.real(both) + (jnp.imag(both) - 1.0)\n",
         "        s = jnp.real(both)\n",
         "any_class_count", "tests/test_strict.py",
     ),
     Mutation(
-        "jax_impl", "softmax_cross_entropy", "flushed subnormal classes summed as they are",
+        "jax_impl/softmax.py",
+        "softmax_cross_entropy", "flushed subnormal classes summed as they are",
         "    return jax.lax.cond(jnp.any(tiny), rescaled,",
         "    return jax.lax.cond(jnp.any(tiny) & False, rescaled,",
         "any_class_count", "tests/test_strict.py",
     ),
     Mutation(
-        "jax_impl", "softmax_focal_loss", "log(1 - p_top) as log s - log1p(s) also at s >= 1",
+        "jax_impl/softmax.py",
+        "softmax_focal_loss", "log(1 - p_top) as log s - log1p(s) also at s >= 1",
         "        from_s = at_top & (s < 1.0)\n",
         "        from_s = at_top\n",
         "any_class_count", "tests/test_strict.py",
     ),
     Mutation(
-        "jax_impl", "linear_softmax_cross_entropy",
+        "jax_impl/linear.py", "linear_softmax_cross_entropy",
         "last row block padded with the last row (counted again in dW, db)",
         "        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1))\n",
         "        x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), mode=\"edge\")\n",
         "blocks", "tests/test_linear_blocks.py",
     ),
     Mutation(
-        "torch_impl", "linear_softmax_cross_entropy",
+        "torch_impl/linear.py", "linear_softmax_cross_entropy",
         "last row block shifted back to be full (overlap counted twice in dW, db)",
         "    for start in range(0, num_rows, rows):\n",
         "    for start in range(0, num_rows, rows):\n"
@@ -211,7 +226,7 @@ MUTATIONS = (
         "blocks", "tests/test_linear_blocks.py",
     ),
     Mutation(
-        "torch_impl", "linear_softmax_focal_loss", "dW skips a partial last row block",
+        "torch_impl/linear.py", "linear_softmax_focal_loss", "dW skips a partial last row block",
         "        dw.addmm_(grad.T, h_block)\n",
         "        if h_block.shape[0] == rows:\n"
         "            dw.addmm_(grad.T, h_block)\n",
@@ -251,15 +266,25 @@ def _parity_run(directory: Path, backend: str, loss: str, dtype: str) -> tuple[b
     return out.returncode == 0, (out.stdout + out.stderr).strip().splitlines()[-1:]
 
 
+def _backend(mutation: Mutation) -> str:
+    """torch_impl or jax_impl: the package the mutated file is in."""
+    return mutation.module.split("/")[0]
+
+
+def is_stale(mutation: Mutation, root: Path = ROOT) -> bool:
+    """The snippet does not occur exactly once in its file (the code moved or changed)."""
+    return (root / "dualloss" / mutation.module).read_text().count(mutation.old) != 1
+
+
 def run(mutation: Mutation, log) -> dict:
-    backend = "torch" if mutation.module == "torch_impl" else "jax"
+    backend = "torch" if _backend(mutation) == "torch_impl" else "jax"
     with tempfile.TemporaryDirectory(prefix="dualloss-mutant-") as tmp:
         tmp = Path(tmp)
         _copy(tmp)
-        path = tmp / "dualloss" / f"{mutation.module}.py"
-        text = path.read_text()
-        if text.count(mutation.old) != 1:
+        if is_stale(mutation, tmp):
             return {"stale": True}
+        path = tmp / "dualloss" / mutation.module
+        text = path.read_text()
         path.write_text(text.replace(mutation.old, mutation.new))
         caught = {}
         for dtype in DTYPES:
@@ -296,7 +321,7 @@ def markdown(results: list[tuple[Mutation, dict]]) -> str:
             else ["caught" if r["caught"][d] else "**missed**" for d in DTYPES]
             + ["-" if own is None else ("caught" if own else "**missed**")]
         )
-        lines.append(f"| {i} | {m.module} | {m.loss} | {m.what} | " + " | ".join(cells) + " |")
+        lines.append(f"| {i} | {_backend(m)} | {m.loss} | {m.what} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -317,8 +342,8 @@ def main(argv=None) -> int:
         chosen = [(i, m) for i, m in chosen if i in wanted]
     if args.list:
         for i, m in chosen:
-            print(f"{i}: {m.module} {m.loss}: {m.what}")
-        return 0
+            print(f"{i}: {m.module} {m.loss}: {m.what}{'  [STALE]' if is_stale(m) else ''}")
+        return 1 if any(is_stale(m) for _, m in chosen) else 0
     results = []
     started = time.monotonic()
     for i, m in chosen:

@@ -205,3 +205,14 @@ def test_no_backend_module_imports_a_layer_above_it(backend):
         if name == f"dualloss.{backend}" or name.startswith(f"dualloss.{backend}."):
             bad = [m for m in imported if m.startswith(above)]
             assert not bad, f"{name} imports {bad}"
+
+
+def test_every_mutation_finds_its_snippet_once_in_its_module(monkeypatch):
+    # dev/mutate.py plants each bug by replacing a snippet of dualloss/<backend>/<module>.py
+    monkeypatch.syspath_prepend(str(REPO))
+    mutate = importlib.import_module("dev.mutate")
+    stale = [
+        f"{i}: {m.module} {m.what}" for i, m in enumerate(mutate.MUTATIONS) if mutate.is_stale(m)
+    ]
+    assert not stale, stale
+    assert len({m.module for m in mutate.MUTATIONS}) > 4  # the rows name modules, not packages
