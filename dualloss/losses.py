@@ -7,8 +7,9 @@ message, and the public peers it is measured against. Code that asks "is this a 
 does it have gamma, which option is its per-class vector" asks the record, never the name's text
 (the model is torch's OpInfo, ``torch/testing/_internal/opinfo/core.py``).
 
-Adding a loss = its function in ``spec.py``, ``torch_impl.py`` and ``jax_impl.py`` (same order,
-same local names) + one ``LossInfo`` here + one mpmath formula in ``tests/mp_oracle.py``.
+Adding a loss = its function in the family's module of ``spec``, ``torch_impl`` and ``jax_impl``
+(``softmax.py``, ``sigmoid.py``, ``linear.py``; same order, same local names) + one ``LossInfo``
+here + one mpmath formula in ``tests/mp_oracle.py``.
 
 Framework-free: importing this module imports NumPy and the spec only.
 """

@@ -1,7 +1,10 @@
 """Drop-ins for ``optax.losses`` with optax's exact signatures, defaults and per-example outputs.
 
 Built on ``dualloss.jax_impl`` (its closed-form, NaN-safe gradients); nothing here imports
-optax. Replace ``optax.losses.X`` with ``dualloss.optax.X``:
+optax. This module sits above ``jax_impl``: ``softmax_cross_entropy_with_integer_labels`` and
+``sigmoid_binary_cross_entropy`` are jax_impl's own (``jax_impl.softmax``, ``jax_impl.sigmoid``),
+imported here, and nothing in ``jax_impl`` imports this module.
+Replace ``optax.losses.X`` with ``dualloss.optax.X``:
 
 * ``softmax_cross_entropy_with_integer_labels(logits, labels, axis=-1, where=None)``
 * ``softmax_cross_entropy(logits, labels, axis=-1, where=None)``

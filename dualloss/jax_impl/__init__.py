@@ -1,8 +1,8 @@
 """The JAX backend of dualloss: the losses of ``dualloss.spec``, ``jit``/``vmap``/``grad``-ready.
 
-The math, the arguments and the docstrings with formulas live in ``spec.py``; this module follows
-it function by function with the same local names, so that ``diff spec.py jax_impl.py`` shows
-mostly ``np.`` against ``jnp.``. What differs:
+The math, the arguments and the docstrings with formulas live in ``dualloss.spec``; this package
+follows it module by module and function by function with the same local names, so that
+``diff spec/softmax.py jax_impl/softmax.py`` shows mostly ``np.`` against ``jnp.``. What differs:
 
 * Class axis: ``-1`` by default, as in spec (JAX layout ``(..., C)``).
 * dtypes: float32 and float64 (with ``jax_enable_x64``) are computed in themselves; float16 and

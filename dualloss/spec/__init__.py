@@ -4,7 +4,7 @@ This module is the reference that ``torch_impl``, ``jax_impl`` and any user loss
 against (see ``dualloss.parity``). It favours accuracy over speed: every value and every gradient
 entry is meant to be within a few float64 ULPs of the exact result, also where the loss or the
 gradient is tiny (a target probability within 1e-300 of 1). ``torch_impl`` and ``jax_impl``
-follow the same functions in the same order with the same local names.
+follow the same functions in the same modules, in the same order, with the same local names.
 
 The math (per element; p = softmax(z) along the class axis, sigma = sigmoid), from DESIGN.md:
 

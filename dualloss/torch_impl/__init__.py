@@ -1,7 +1,7 @@
 """The PyTorch backend of dualloss: the losses of ``dualloss.spec``, autograd-ready, fast, NaN-safe.
 
-The math, the options and the full docstrings live in ``dualloss.spec``; this module follows it
-function by function with the same local names. What differs:
+The math, the options and the full docstrings live in ``dualloss.spec``; this package follows it
+module by module and function by function with the same local names. What differs:
 
 * Layout: the class axis defaults to ``axis=1``, torch's ``(N, C, d1, ..., dk)``.
 * Dtypes: float64 and float32 are computed in their own precision; float16 and bfloat16 in float32,
