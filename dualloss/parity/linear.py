@@ -49,6 +49,9 @@ Two standards, as ``tolerance.py``:
 
 NaN-free: every value and gradient must be finite (all these regions have finite math); a
 non-finite result is its own kind of failure.
+
+Imports: the report types from ``findings``; it must not import ``_check`` (which imports it to
+hand the fused losses over) and imports no framework at import time.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ import numpy as np
 from .. import losses, spec
 from . import backends as B
 from . import devices as D
-from ._check import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain
+from .findings import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain
 from .runner import Record, _short
 from .tolerance import (
     SMALLEST_NORMAL,
