@@ -47,7 +47,7 @@ import numpy as np
 from .. import losses
 from . import backends as B
 from . import devices as D
-from .cases import DTYPE_MAX, LOSSES, Case, make_cases
+from .cases import DTYPE_MAX, Case, make_cases
 from .findings import GRAD_PREFIX, UNNAMED_NOTE, CheckReport, Hazard, _name_of
 from .linear import check as check_linear
 from .runner import Failure, evaluate, make_failure, minimise
@@ -79,11 +79,11 @@ VJP_HINT = ("it raises eagerly too: jax.vjp traces the logits, so float(), bool(
             "jax.lax.cond")  # fmt: skip
 
 
-def _untraceable(impl, reference, options, binary, dtype, device, standard) -> tuple[str, bool]:
+def _untraceable(impl, info, options, binary, dtype, device, standard) -> tuple[str, bool]:
     """(the error of a probe that raises under jax.jit for want of a concrete value and works
     eagerly, or ''; whether such an error was also raised eagerly)."""
     eagerly_too = False
-    for case in probes(reference, options, binary).values():
+    for case in probes(info, options, binary).values():
         prep = B.prepare(case, dtype)
         kind, _, outcome = evaluate(impl, prep, device, True, standard)
         if kind == "error" and outcome.error.startswith(TRACER_ERRORS):
@@ -110,9 +110,8 @@ def _named_options(candidate, info, options: dict) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _implementation(candidate, reference, backend, options=None, binary=False) -> B.Implementation:
+def _implementation(candidate, info, backend, options=None, binary=False) -> B.Implementation:
     display, imports, call = _name_of(candidate)
-    info = losses.get(reference)
     takes = _named_options(candidate, info, options or {})
 
     def fn(x, t, **given):
@@ -127,7 +126,7 @@ def _implementation(candidate, reference, backend, options=None, binary=False) -
         return ("targets",) * floats + tuple(n for n in takes if prep.options.get(n) is not None)
 
     return B.Implementation(
-        name=display, backend=backend, loss=reference, fn=fn, kwargs=kwargs,
+        name=display, backend=backend, loss=info, fn=fn, kwargs=kwargs,
         imports=imports, expr=lambda kw: f"{call}(x, t{B.format_kwargs(kw)})", wrt=wrt,
     )  # fmt: skip
 
@@ -177,16 +176,16 @@ def _probability_variants(case: Case) -> list[Case]:
 
 
 def adversarial_cases(
-    reference: str, dtype: str, options: dict, skip=(), binary: bool = False
+    reference, dtype: str, options: dict, skip=(), binary: bool = False
 ) -> list[Case]:
     """The input regions of ``cases`` with `options` fixed; duplicates (option variants) dropped.
 
     The margin regions also come with probability targets (softmax); with `binary`, a sigmoid
-    loss gets its targets rounded to {0, 1}."""
+    loss gets its targets rounded to {0, 1}. `reference`: the loss's name or its record."""
     info = losses.get(reference)
     ignore_index = options.get("ignore_index", -100)
     out, seen = [], set()
-    for case in make_cases(reference, dtype, regions=CHECK_REGIONS, skip=skip):
+    for case in make_cases(info, dtype, regions=CHECK_REGIONS, skip=skip):
         case.label = _OPTION_LABEL.sub("", case.label)
         if case.index_targets:
             if case.region == "ignored" and "ignore_index" in case.options:
@@ -210,8 +209,7 @@ def adversarial_cases(
 def fits(case: Case, options: dict) -> bool:
     """Whether the array options apply to `case`: a class vector of its number of classes, an
     element-wise weight that broadcasts to its logits. A case they do not fit is not run."""
-    info = losses.get(case.loss)
-    for option in info.options:
+    for option in case.info.options:
         value = options.get(option.name)
         if value is None or np.ndim(value) == 0 or option.kind in ("mask", "choice", "index"):
             continue
@@ -230,9 +228,8 @@ def fits(case: Case, options: dict) -> bool:
 
 def features(case: Case, options: dict) -> frozenset[str]:
     """The features (keys of ``FEATURES``) that `case` uses."""
-    info = losses.get(case.loss)
     used = set()
-    if info.is_softmax:
+    if case.info.is_softmax:
         if case.index_targets:
             used.add("index")
             ignored = case.targets == options.get("ignore_index", -100)
@@ -249,10 +246,10 @@ def features(case: Case, options: dict) -> frozenset[str]:
     return frozenset(used)
 
 
-def _fixed_shape(reference: str, options: dict) -> tuple[int | None, int | None]:
+def _fixed_shape(info, options: dict) -> tuple[int | None, int | None]:
     """(rows, classes) that the array options fix (a class vector: C; element-wise weights: their
     shape), None where they leave it free."""
-    shaped = [np.shape(options[o.name]) for o in losses.get(reference).options
+    shaped = [np.shape(options[o.name]) for o in info.options
               if o.kind in ("class_vector", "scalar_or_class_vector", "elementwise")
               and np.ndim(options.get(o.name)) > 0]  # fmt: skip
     fixed_c = next((s[-1] for s in shaped if s[-1] != 1), None)
@@ -260,12 +257,13 @@ def _fixed_shape(reference: str, options: dict) -> tuple[int | None, int | None]
     return fixed_n, fixed_c
 
 
-def probes(reference: str, options: dict, binary: bool = False) -> dict[str, Case]:
+def probes(reference, options: dict, binary: bool = False) -> dict[str, Case]:
     """One small input per feature: a plain batch, plus that feature alone (where it can be);
-    4 x 5 unless the array options fix another shape."""
+    4 x 5 unless the array options fix another shape. `reference`: the loss's name or its
+    record."""
     info = losses.get(reference)
     rng = np.random.default_rng(20240611)
-    n, c = _fixed_shape(reference, options)
+    n, c = _fixed_shape(info, options)
     n, c = n or 4, c or 5
     if (n, c) != (4, 5):
         return _probes_of_shape(info, options, binary, n, c, rng)
@@ -273,7 +271,7 @@ def probes(reference: str, options: dict, binary: bool = False) -> dict[str, Cas
     z = np.round(rng.standard_normal((4, 5)) * 8.0) / 4.0
 
     def case(name, logits, targets):
-        return Case(reference, "probe", name, np.asarray(logits, float), np.asarray(targets),
+        return Case(info, "probe", name, np.asarray(logits, float), np.asarray(targets),
                     dict(options))  # fmt: skip
 
     if not info.is_softmax:
@@ -301,7 +299,7 @@ def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
     z = np.round(rng.standard_normal((n, c)) * 8.0) / 4.0
 
     def case(name, logits, targets):
-        return Case(info.name, "probe", name, np.asarray(logits, float), np.asarray(targets),
+        return Case(info, "probe", name, np.asarray(logits, float), np.asarray(targets),
                     dict(options))  # fmt: skip
 
     if not info.is_softmax:
@@ -325,7 +323,7 @@ def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
     }
 
 
-def _validate(info, options: dict, skip, dtypes, reference: str) -> list[str]:
+def _validate(info, options: dict, skip, dtypes) -> list[str]:
     """Refuses unknown option names (against the spec's signature), bad option values (the
     spec's own message), unknown regions and dtypes; returns the dtype names."""
     allowed = [name for name in inspect.signature(info.spec).parameters
@@ -338,7 +336,7 @@ def _validate(info, options: dict, skip, dtypes, reference: str) -> list[str]:
             )
         if name not in allowed:
             raise ValueError(
-                f"`options` has {name!r}, which spec.{reference} does not take (it takes "
+                f"`options` has {name!r}, which spec.{info.name} does not take (it takes "
                 f"{', '.join(allowed)}). Received: options={options!r}."
             )
     scalars = {k: v for k, v in options.items() if not isinstance(v, np.ndarray)
@@ -416,17 +414,20 @@ def check(
       readable ``str()``.
     """
     jit = backend == "jax" if jit is None else bool(jit)
-    if reference in losses.LINEAR_NAMES:
+    try:
+        # the one lookup: from here on the loss travels as its record
+        info = losses.get(reference)
+    except ValueError:
+        raise ValueError(
+            f"`reference` must be one of {losses.ALL_NAMES}. Received: reference={reference!r}."
+        ) from None
+    if info.is_linear:
         # the fused linear losses: their own cases and bound (``parity.linear``)
         return check_linear(
-            candidate, reference, backend=backend, options=options, dtypes=dtypes,
+            candidate, info, backend=backend, options=options, dtypes=dtypes,
             max_examples=max_examples, skip=skip, device=device, jit=jit,
             stop_at_first=stop_at_first, standard=standard, binary_targets=binary_targets,
         )  # fmt: skip
-    if reference not in LOSSES:
-        names = LOSSES + losses.LINEAR_NAMES
-        raise ValueError(f"`reference` must be one of {names}. Received: reference={reference!r}.")
-    info = losses.get(reference)
     if backend not in B.BACKENDS:
         raise ValueError(f"`backend` must be one of {B.BACKENDS}. Received: backend={backend!r}.")
     if standard not in STANDARDS:
@@ -435,24 +436,25 @@ def check(
         )
     if binary_targets and info.is_softmax:
         raise ValueError(
-            f"`binary_targets` applies to sigmoid losses only. Received: reference={reference!r}."
+            f"`binary_targets` applies to sigmoid losses only. Received: reference={info.name!r}."
         )
     options = dict(options or {})
-    dtypes = _validate(info, options, skip, dtypes, reference)
+    dtypes = _validate(info, options, skip, dtypes)
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
     max_examples = 50 if max_examples is None else int(max_examples)
     if max_examples < 0:
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
-    impl = _implementation(candidate, reference, backend, options, binary_targets)
+    impl = _implementation(candidate, info, backend, options, binary_targets)
     takes = _named_options(candidate, info, options)
     unnamed = _name_of(candidate)[2] == "candidate"
     label, dev = D.one_device(backend, device)
-    report = CheckReport(impl.name, reference, backend, options, standard, dtypes, device=label)
+    report = CheckReport(impl.name, info.name, backend, options, standard, dtypes, device=label,
+                         info=info)  # fmt: skip
     report.precision = D.pin_precision([backend])
     jit = jit and backend == "jax"
     if jit:
         report.eager_because, eagerly_too = _untraceable(
-            impl, reference, _for_dtype(options, takes, dtypes[0]), binary_targets, dtypes[0], dev,
+            impl, info, _for_dtype(options, takes, dtypes[0]), binary_targets, dtypes[0], dev,
             standard,
         )  # fmt: skip
         jit = not report.eager_because
@@ -495,17 +497,17 @@ def check(
     user_options = options
     for dtype in dtypes:
         options = _for_dtype(user_options, takes, dtype)
-        unsupported = _probe(impl, reference, options, binary_targets, dtype, dev, jit, standard,
+        unsupported = _probe(impl, info, options, binary_targets, dtype, dev, jit, standard,
                              report)  # fmt: skip
         if unsupported is None:  # raised on every probe: nothing to judge
-            prep = B.prepare(next(iter(probes(reference, options).values())), dtype)
+            prep = B.prepare(next(iter(probes(info, options).values())), dtype)
             kind, judgement, outcome = evaluate(impl, prep, dev, jit, standard)
             failure = make_failure(impl, prep, label, mode, "error", judgement, outcome)
             failure.problems = [f"raised on every input tried: {outcome.error}"]
             record(failure, "every input", dtype)
             continue
         left_out = unsupported | {_SKIPPED_FEATURES[r] for r in skip if r in _SKIPPED_FEATURES}
-        for case in adversarial_cases(reference, dtype, options, skip, binary_targets):
+        for case in adversarial_cases(info, dtype, options, skip, binary_targets):
             report.cases_run += 1
             if features(case, options) & left_out or not fits(case, options):
                 continue
@@ -525,7 +527,7 @@ def check(
         if hazards and stop_at_first:
             break
         if max_examples:
-            found, count = _explore(impl, reference, options, dtype, dev, label, mode, jit,
+            found, count = _explore(impl, info, options, dtype, dev, label, mode, jit,
                                     max_examples, left_out, skip, standard,
                                     binary_targets)  # fmt: skip
             report.examples_run += count
@@ -563,10 +565,10 @@ def _note_input_grads(report, impl, prep, outcome, kind) -> None:
             report.unsupported[key] = f"{why}\n      reproduce: {repro}"
 
 
-def _probe(impl, reference, options, binary, dtype, device, jit, standard, report):
+def _probe(impl, info, options, binary, dtype, device, jit, standard, report):
     """The features the candidate raises on (recorded in `report.unsupported` with their
     reproducers), or None when it raises on every probe."""
-    found = probes(reference, options, binary)
+    found = probes(info, options, binary)
     raised, worked = {}, set()
     for name, case in found.items():
         prep = B.prepare(case, dtype)
@@ -578,7 +580,6 @@ def _probe(impl, reference, options, binary, dtype, device, jit, standard, repor
     if not worked:
         return None
     unsupported = set()
-    info = losses.get(reference)
     if info.is_softmax:
         # the masked probe runs on whichever targets the candidate takes
         masked_probes = [n for n in ("masked", "masked_prob") if n in found]
@@ -608,7 +609,7 @@ def _probe(impl, reference, options, binary, dtype, device, jit, standard, repor
 
 def _explore(
     impl,
-    reference,
+    info,
     options,
     dtype,
     device,
@@ -636,7 +637,7 @@ def _explore(
     mask_index = "masked" not in skip and "masked" not in unsupported
     mask_prob = "masked_soft" not in skip and "masked" not in unsupported
     element = st.one_of(st.floats(-30.0, 30.0, width=32), st.sampled_from(specials))
-    softmax = losses.get(reference).is_softmax
+    softmax = info.is_softmax
     kinds = [k for k in ("index", "prob") if k not in unsupported] if softmax else ["prob"]
     if not kinds:
         return None, 0
@@ -644,7 +645,7 @@ def _explore(
     allow_ignore = "ignored" not in skip and "ignored" not in unsupported
     sigmoid_targets = [0.0, 1.0] if binary or "soft" in unsupported else [0.0, 1.0, 0.5, 0.25]
 
-    fixed_n, fixed_c = _fixed_shape(reference, options)
+    fixed_n, fixed_c = _fixed_shape(info, options)
 
     @st.composite
     def inputs(draw):
@@ -683,7 +684,7 @@ def _explore(
     def search(data):
         z, t = data
         state["count"] += 1
-        case = Case(reference, "hypothesis", "example", z, t, dict(options))
+        case = Case(info, "hypothesis", "example", z, t, dict(options))
         if not fits(case, options):
             return
         prep = B.prepare(case, dtype)

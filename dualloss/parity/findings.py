@@ -99,6 +99,8 @@ class CheckReport:
     mode: str = "eager"
     eager_because: str = ""
     _grad_sizes: dict[str, int] = field(default_factory=dict, repr=False)
+    # the record of `reference` (``losses.LossInfo``), as the check resolved it
+    info: losses.LossInfo | None = field(default=None, repr=False, compare=False)
 
     @property
     def failures(self) -> list[Failure]:
@@ -148,7 +150,7 @@ class CheckReport:
         if self.judged_grads:
             lines.append("  gradients judged w.r.t. logits, " + ", ".join(
                 f"{name} ({n} cases)" for name, n in self.judged_grads.items()))  # fmt: skip
-        softmax = losses.get(self.reference).is_softmax
+        softmax = (self.info or losses.get(self.reference)).is_softmax
         groups = _groups(self.hazards)
         for i, group in enumerate(groups, 1):
             lines += _describe(i, group[0])

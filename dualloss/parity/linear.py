@@ -168,6 +168,15 @@ class LinearCase:
     bias: np.ndarray | None
     targets: np.ndarray
     options: dict = field(default_factory=dict)
+    # the loss's record; `loss` may be given as the record too (``cases.Case`` does the same)
+    info: losses.LossInfo = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.loss, losses.LossInfo):
+            self.info = self.loss
+        elif self.info is None:
+            self.info = losses.get(self.loss)
+        self.loss = self.info.name
 
     @property
     def name(self) -> str:
@@ -211,7 +220,9 @@ def option_values(options: dict, num_classes: int) -> dict:
 def make_cases(
     loss: str, options: dict | None = None, *, level: str = "quick", regions=None, skip=()
 ) -> list[LinearCase]:
-    """Every case of `loss` with `options` (spec options; "vector" entries become ramps)."""
+    """Every case of `loss` (a name or its record) with `options` (spec options; "vector"
+    entries become ramps)."""
+    info = losses.get(loss)
     if level not in SHAPES:
         raise ValueError(f"`level` must be 'quick' or 'full'. Received: level={level!r}.")
     out = []
@@ -224,7 +235,7 @@ def make_cases(
             targets = np.where(targets == -100, dict(options or {}).get("ignore_index", -100),
                                targets)  # fmt: skip
             out.append(
-                LinearCase(loss, region, f"{n}x{h}x{v}", hidden, kernel, bias,
+                LinearCase(info, region, f"{n}x{h}x{v}", hidden, kernel, bias,
                            targets.astype(np.int64), option_values(dict(options or {}), v))
             )  # fmt: skip
     return out
@@ -603,6 +614,7 @@ def _failure(name, imports, call, fn, backend, loss, prep, label, mode, dev, kin
     """The failure of the whole case (its problems, at their real size), reproduced by the
     first of the case's first 16 rows that fails the same way (else by the whole case)."""
     problems = judgement.problems if judgement is not None else [outcome.error or "failed"]
+    loss = prep.case.info
     small = prep
     for i in range(min(prep.hidden.shape[0], 16) if prep.hidden.shape[0] > 1 else 0):
         row = prepare(prep.case.rows(i), prep.dtype)
@@ -611,7 +623,7 @@ def _failure(name, imports, call, fn, backend, loss, prep, label, mode, dev, kin
             small = row
             break
     return LinearFailure(
-        kind, loss, name, backend, label, mode, prep.dtype, prep.case.name, problems,
+        kind, loss.name, name, backend, label, mode, prep.dtype, prep.case.name, problems,
         dict(prep.options), int(small.hidden.shape[0]),
         {} if judgement is None else judgement.expected,
         {} if judgement is None else judgement.received,
@@ -729,7 +741,7 @@ def check(
     the candidate takes a bias as its fourth argument. There is no Hypothesis exploration for
     these losses (`max_examples` is checked and ignored): the regions are the cases.
     """
-    info = losses.get(reference)
+    info = losses.get(reference)  # ``parity.check`` hands over the record it resolved
     if backend not in B.BACKENDS:
         raise ValueError(f"`backend` must be one of {B.BACKENDS}. Received: backend={backend!r}.")
     if standard not in STANDARDS:
@@ -738,7 +750,7 @@ def check(
         )
     if binary_targets:
         raise ValueError(
-            f"`binary_targets` applies to sigmoid losses only. Received: reference={reference!r}."
+            f"`binary_targets` applies to sigmoid losses only. Received: reference={info.name!r}."
         )
     if max_examples is not None and int(max_examples) < 0:
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
@@ -750,12 +762,13 @@ def check(
     name, imports, call = _name_of(candidate)
     label, dev = D.one_device(backend, device)
     mode = "jit" if (jit and backend == "jax") else "eager"
-    report = LinearCheckReport(name, reference, backend, options, standard, dtypes, device=label)
+    report = LinearCheckReport(name, info.name, backend, options, standard, dtypes, device=label,
+                               info=info)  # fmt: skip
     report.precision = D.pin_precision([backend])
     if call == "candidate":
         report.notes.append(UNNAMED_NOTE)
     hazards: dict[tuple[str, str], Hazard] = {}
-    cases = make_cases(reference, spec_options, skip=skip)
+    cases = make_cases(info, spec_options, skip=skip)
     if not with_bias:
         cases = [case.folded() for case in cases]
     jit = jit and backend == "jax"
@@ -767,10 +780,10 @@ def check(
                 by_feature.setdefault(feature, case)
         plain = next((c for c in cases if not _features(c, spec_options)), None)
         if plain is not None:
-            kind, _, outcome = evaluate(candidate, backend, reference, prepare(plain, dtype), dev,
+            kind, _, outcome = evaluate(candidate, backend, info, prepare(plain, dtype), dev,
                                         jit, standard)  # fmt: skip
             if kind == "error":
-                failure = _failure(name, imports, call, candidate, backend, reference,
+                failure = _failure(name, imports, call, candidate, backend, info,
                                    prepare(plain, dtype), label, mode, dev, "error", None,
                                    outcome, jit, standard)  # fmt: skip
                 failure.problems = [f"raised on every input tried: {outcome.error}"]
@@ -780,7 +793,7 @@ def check(
                 continue
         for feature, case in by_feature.items():
             prep = prepare(case, dtype)
-            kind, _, outcome = evaluate(candidate, backend, reference, prep, dev, jit, standard)
+            kind, _, outcome = evaluate(candidate, backend, info, prep, dev, jit, standard)
             if kind == "error":
                 unsupported.add(feature)
                 repro = reproducer(call, imports, prep, backend, label)
@@ -792,7 +805,7 @@ def check(
             if _features(case, spec_options) & unsupported:
                 continue
             prep = prepare(case, dtype)
-            kind, judgement, outcome = evaluate(candidate, backend, reference, prep, dev, jit,
+            kind, judgement, outcome = evaluate(candidate, backend, info, prep, dev, jit,
                                                 standard)  # fmt: skip
             report.cases_judged += kind != "error"
             if kind == "ok":
@@ -803,7 +816,7 @@ def check(
                 if dtype not in hazards[key].dtypes:
                     hazards[key].dtypes.append(dtype)
                 continue
-            failure = _failure(name, imports, call, candidate, backend, reference, prep, label,
+            failure = _failure(name, imports, call, candidate, backend, info, prep, label,
                                mode, dev, kind, judgement, outcome, jit, standard)  # fmt: skip
             hazards[key] = Hazard(failure, case.region, 1, [dtype])
         if hazards and stop_at_first:
