@@ -89,11 +89,11 @@ SHAPES = {"quick": ((45, 16, 97),), "full": ((45, 16, 97), (130, 24, 1031))}
 # take all N rows in one block): 45 = 2 x 16 + 13 = 4 x 11 + 1 (one extra row), 130 = 8 x 16 + 2
 # = 11 x 11 + 9. The spec accepts chunk_size and has nothing to chunk.
 OPTION_SETS = {
-    "linear_softmax_cross_entropy": (
+    losses.LINEAR_SOFTMAX_CROSS_ENTROPY.name: (
         {"chunk_size": 16},
         {"weight": "vector", "label_smoothing": 0.1, "chunk_size": 11},
     ),
-    "linear_softmax_focal_loss": (
+    losses.LINEAR_SOFTMAX_FOCAL_LOSS.name: (
         {"gamma": 2.0, "chunk_size": 16},
         {"gamma": 0.5, "alpha": "vector", "label_smoothing": 0.1, "chunk_size": 11},
     ),
