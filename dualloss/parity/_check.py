@@ -386,7 +386,8 @@ def check(
         'sigmoid_cross_entropy', 'sigmoid_focal_loss'), or a fused linear loss
         ('linear_softmax_cross_entropy', 'linear_softmax_focal_loss'): then the candidate is
         ``candidate(hidden, linear_weight, targets)`` (with ``options={'bias': True}``, also a
-        fourth argument bias) and ``parity.linear.check`` judges it.
+        fourth argument bias) and ``parity.linear.check`` judges it. The loss's record
+        (``losses.LossInfo``) is accepted too; either is looked up once.
       backend: 'torch' or 'jax'.
       options: the spec keyword arguments the candidate implements (its class axis is the
         backend's; do not pass `axis`). Unknown names are refused.
