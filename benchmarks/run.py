@@ -52,6 +52,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from benchmarks import peers
+from dualloss import losses as L
 from dualloss.losses import get as loss_info
 from dualloss.parity import devices as D
 
@@ -62,14 +63,14 @@ TARGET_SHAPE = (4096, 1000)
 # Time ratio targets (dualloss / peer), judged at TARGET_SHAPE, float32.
 TIME_TARGETS: dict[tuple[str, str], float] = {
     # the goals of the speed issue: ours / the peer a user would otherwise call, fwd + bwd
-    ("torch", "softmax_cross_entropy"): 0.6,
-    ("torch", "softmax_focal_loss"): 0.5,
-    ("torch", "sigmoid_cross_entropy"): 1.0,
-    ("torch", "sigmoid_focal_loss"): 0.5,
-    ("jax", "softmax_cross_entropy"): 1.05,
-    ("jax", "softmax_focal_loss"): 1.0,
-    ("jax", "sigmoid_cross_entropy"): 1.0,
-    ("jax", "sigmoid_focal_loss"): 0.7,
+    ("torch", L.SOFTMAX_CROSS_ENTROPY.name): 0.6,
+    ("torch", L.SOFTMAX_FOCAL_LOSS.name): 0.5,
+    ("torch", L.SIGMOID_CROSS_ENTROPY.name): 1.0,
+    ("torch", L.SIGMOID_FOCAL_LOSS.name): 0.5,
+    ("jax", L.SOFTMAX_CROSS_ENTROPY.name): 1.05,
+    ("jax", L.SOFTMAX_FOCAL_LOSS.name): 1.0,
+    ("jax", L.SIGMOID_CROSS_ENTROPY.name): 1.0,
+    ("jax", L.SIGMOID_FOCAL_LOSS.name): 0.7,
 }
 # Memory target: every torch loss keeps at most this many logits' worth of full-size tensors.
 MEMORY_TARGET = 1.0

@@ -29,6 +29,7 @@ import time
 from collections.abc import Sequence
 
 from benchmarks.run import DEFAULT_SHAPES, KEPT_ALLOCATOR, allocator_line, make_inputs, parse_shapes
+from dualloss import losses
 
 
 def _floor_function():
@@ -60,7 +61,7 @@ def measure(shape: tuple[int, int], reps: int, warmup: int) -> dict[str, float]:
 
     from dualloss import torch_impl
 
-    logits_np, targets_np = make_inputs("softmax_cross_entropy", shape)
+    logits_np, targets_np = make_inputs(losses.SOFTMAX_CROSS_ENTROPY.name, shape)
     logits = torch.from_numpy(logits_np).requires_grad_(True)
     targets = torch.from_numpy(targets_np)
     steps = {

@@ -15,8 +15,8 @@ pytest.importorskip("jax")
 SCRIPT = """
 import json, jax
 from dualloss.parity import runner, backends as B
-from dualloss.parity.peers import optax_sigmoid_bce
-impl = optax_sigmoid_bce()
+from dualloss.parity.peers import PEERS
+impl = PEERS["optax.sigmoid_binary_cross_entropy"].implementation()
 res = runner.run_matrix([impl], dtypes=["float32"], regions=["typical", "confident_correct"],
                         devices=["all"], progress=False)
 print(json.dumps({"devices": sorted({r.device for r in res.records}), "ok": res.ok,

@@ -258,8 +258,8 @@ def _run(args, parser) -> int:
             f"--backends {','.join(missing)}: not installed (pip install dualloss[{missing[0]}])."
         )
     devices.start(args.backends)  # JAX before torch
-    linear = [] if args.only_peers else [n for n in args.losses if n in _registry.LINEAR_NAMES]
-    logits = [n for n in args.losses if n not in _registry.LINEAR_NAMES]
+    linear = [] if args.only_peers else [n for n in args.losses if _registry.get(n).is_linear]
+    logits = [n for n in args.losses if not _registry.get(n).is_linear]
     if args.regions is not None and not set(args.regions) & set(REGIONS):
         logits = []  # only regions of the fused linear losses were asked for
     impls = [] if args.only_peers else runner.default_implementations(args.backends, logits)

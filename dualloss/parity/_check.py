@@ -28,6 +28,9 @@ for a sigmoid loss) asks whether the candidate implements it. A probe that raise
 feature unsupported: it is listed in the report with its reproducer, and the cases that use it are
 not judged. A probe that returns NaN is judged like any other input: a hazard, never
 "unsupported". A candidate that raises on every probe is not OK: nothing was verified.
+
+Imports: the report types from ``findings`` and the fused linear losses' ``check`` from
+``linear``, one way (neither imports this module); no framework at import time.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import hashlib
 import importlib
 import inspect
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -44,9 +47,11 @@ import numpy as np
 from .. import losses
 from . import backends as B
 from . import devices as D
-from .cases import DTYPE_MAX, LOSSES, Case, make_cases
-from .runner import Failure, _short, evaluate, make_failure, minimise
-from .tolerance import STANDARDS, VISIBLE
+from .cases import DTYPE_MAX, Case, make_cases
+from .findings import GRAD_PREFIX, UNNAMED_NOTE, CheckReport, Hazard, _name_of
+from .linear import check as check_linear
+from .runner import Failure, evaluate, make_failure, minimise
+from .tolerance import STANDARDS
 
 # the regions that vary only the inputs (the others are option grids)
 CHECK_REGIONS = (
@@ -56,170 +61,9 @@ CHECK_REGIONS = (
 # the margin regions, also run with one-hot and smoothed probability targets (softmax)
 MARGIN_REGIONS = ("confident_correct", "confident_wrong", "huge_shift", "masked")
 
-# what a candidate may or may not implement, as the report names it
-FEATURES = {
-    "index": "class-index targets",
-    "prob": "probability targets",
-    "ignored": "ignored labels (targets equal to ignore_index)",
-    "all_ignored": "all-ignored batches",
-    "masked": "masked classes (-inf logits)",
-    "soft": "soft targets (strictly between 0 and 1)",
-}
 # regions whose `skip` also leaves their feature out of every other region and of Hypothesis
 _SKIPPED_FEATURES = {"ignored": "ignored", "all_ignored": "all_ignored", "masked": "masked"}
-# the order of consequence (issue 31): non-finite, wrong at the result's scale, raised on a
-# supported feature, then accuracy below the result's scale (what only a few-ULP tolerance sees)
-CONSEQUENCE = ("non-finite", "wrong at the result's scale", "error", "accuracy")
-# a gradient w.r.t. targets or an option the candidate takes that autodiff could not give
-GRAD_PREFIX = "grad:"
 _SUBJECT = re.compile(r"^gradient w\.r\.t\. (\w+)")
-
-
-# said when the candidate has no name to call it by (a lambda, a partial, a callable object)
-UNNAMED_NOTE = ("the reproducers call your function `candidate` (it has no name of its own): "
-                "bind it first, `candidate = <your function>`")  # fmt: skip
-
-
-def _feature_name(feature: str) -> str:
-    if feature.startswith(GRAD_PREFIX):
-        return f"gradient w.r.t. {feature[len(GRAD_PREFIX) :]} not available"
-    return FEATURES[feature]
-
-
-@dataclass
-class Hazard:
-    """One distinct problem (kind x region): its smallest reproducer and how often it occurred."""
-
-    failure: Failure
-    region: str
-    count: int = 1
-    dtypes: list[str] = field(default_factory=list)
-
-    @property
-    def consequence(self) -> str:
-        """One of ``CONSEQUENCE``: an accuracy failure is "wrong at the result's scale" when its
-        error reaches ``tolerance.VISIBLE`` of the result's largest entry."""
-        f = self.failure
-        if f.kind == "accuracy" and getattr(f, "scaled_error", 0.0) >= VISIBLE:
-            return CONSEQUENCE[1]
-        return f.kind if f.kind in CONSEQUENCE else "error"
-
-    def rank(self) -> tuple:
-        """Sort key: consequence, then the larger error at the result's scale, adversarial cases
-        before Hypothesis's, the smaller input."""
-        f = self.failure
-        return (CONSEQUENCE.index(self.consequence), -getattr(f, "scaled_error", 0.0),
-                self.region == "hypothesis", np.size(getattr(f, "logits", None)))  # fmt: skip
-
-
-@dataclass(repr=False)
-class CheckReport:
-    """The verdict of ``check``: ``.ok``, ``.failures`` (one per kind x region, real hazards
-    first, then smallest input), ``.unsupported`` (feature -> reproducer) and ``str()``."""
-
-    candidate: str
-    reference: str
-    backend: str
-    options: dict
-    standard: str = "practical"
-    dtypes: list[str] = field(default_factory=list)
-    hazards: list[Hazard] = field(default_factory=list)
-    unsupported: dict[str, str] = field(default_factory=dict)
-    cases_run: int = 0
-    cases_judged: int = 0
-    examples_run: int = 0
-    notes: list[str] = field(default_factory=list)
-    device: str = "cpu"
-    # matmul precision in force while judging (pinned: no TF32), for the record
-    precision: dict = field(default_factory=dict)
-    # how many cases judged the gradient w.r.t. 'targets' and each option the candidate takes
-    judged_grads: dict[str, int] = field(default_factory=dict)
-    # how the candidate ran: 'eager' or 'jit' (JAX: jax.jit, the default), and why not jit
-    mode: str = "eager"
-    eager_because: str = ""
-    _grad_sizes: dict[str, int] = field(default_factory=dict, repr=False)
-
-    @property
-    def failures(self) -> list[Failure]:
-        return [h.failure for h in self.hazards]
-
-    @property
-    def ok(self) -> bool:
-        return not self.hazards and self.cases_judged > 0
-
-    def __bool__(self) -> bool:
-        return self.ok
-
-    def assert_ok(self) -> CheckReport:
-        """Raises ``AssertionError`` whose message is the whole report (every reproducer) unless
-        `.ok`; returns the report. Use it in tests: ``assert report.ok, report`` hands pytest
-        the report object, which it shows as a repr cut to 240 characters."""
-        __tracebackhide__ = True  # pytest: the failure points at the caller's line
-        if not self.ok:
-            raise AssertionError("\n" + str(self))
-        return self
-
-    def __str__(self) -> str:
-        options = ", ".join(f"{k}={_plain(v)}" for k, v in self.options.items()) or "defaults"
-        if self.ok:
-            verdict = "OK"
-        elif not self.hazards:
-            verdict = "NOT VERIFIED (nothing judged)"
-        else:
-            counts = {}
-            for group in _groups(self.hazards):
-                counts[group[0].consequence] = counts.get(group[0].consequence, 0) + 1
-            verdict = (
-                f"FAILS: {sum(counts.values())} problem(s) in {len(self.hazards)} region(s) ("
-                + ", ".join(f"{n} {k}" for k, n in counts.items())
-                + ")"
-            )
-        on = self.device + (" (the default device; pass device='gpu:0' for the GPU)"
-                            if self.device == "cpu" else "")  # fmt: skip
-        lines = [
-            f"{self.candidate} vs spec.{self.reference} ({self.backend}; {options}): {verdict}",
-            f"  device: {on}",
-            f"  ran: {_ran(self)}",
-            f"  {self.cases_judged} of {self.cases_run} adversarial cases judged "
-            f"({', '.join(self.dtypes)}), {self.examples_run} Hypothesis examples, "
-            f"{self.standard} standard",
-        ]
-        if self.judged_grads:
-            lines.append("  gradients judged w.r.t. logits, " + ", ".join(
-                f"{name} ({n} cases)" for name, n in self.judged_grads.items()))  # fmt: skip
-        softmax = losses.get(self.reference).is_softmax
-        groups = _groups(self.hazards)
-        for i, group in enumerate(groups, 1):
-            lines += _describe(i, group[0])
-            if len(group) > 1:
-                lines += _wrap("   the same in: " + ", ".join(
-                    f"{h.region} ({'/'.join(h.dtypes)}; {h.count} case{'s' * (h.count > 1)})"
-                    for h in group[1:]), "     ")  # fmt: skip
-            scope = _scope(group, softmax)
-            if scope:
-                lines += _wrap(f"   only {scope}", "     ")
-        if len(groups) < len(self.hazards):
-            lines.append(f"note: {REPRODUCERS}")
-        if self.unsupported:
-            lines.append("Unsupported by the candidate (it raised; those cases were not judged):")
-            for feature, repro in self.unsupported.items():
-                lines.append(f"  - {_feature_name(feature)}: {repro}")
-        lines += [f"note: {n}" for n in self.notes]
-        return "\n".join(lines)
-
-    __repr__ = __str__
-
-
-def _ran(report: CheckReport) -> str:
-    """How the candidate ran, for the report."""
-    if report.backend != "jax":
-        return "eagerly"
-    if report.mode == "jit":
-        return "under jax.jit (one compilation per input shape; jit=False for eager-only code)"
-    if report.eager_because:
-        why = report.eager_because
-        return f"eagerly, op by op (slow): jax.jit cannot trace the candidate ({why})"
-    return "eagerly, op by op (jit=False)"
 
 
 # the errors of a JAX function that jax.jit cannot trace (Python control flow or float() on a
@@ -235,11 +79,11 @@ VJP_HINT = ("it raises eagerly too: jax.vjp traces the logits, so float(), bool(
             "jax.lax.cond")  # fmt: skip
 
 
-def _untraceable(impl, reference, options, binary, dtype, device, standard) -> tuple[str, bool]:
+def _untraceable(impl, info, options, binary, dtype, device, standard) -> tuple[str, bool]:
     """(the error of a probe that raises under jax.jit for want of a concrete value and works
     eagerly, or ''; whether such an error was also raised eagerly)."""
     eagerly_too = False
-    for case in probes(reference, options, binary).values():
+    for case in probes(info, options, binary).values():
         prep = B.prepare(case, dtype)
         kind, _, outcome = evaluate(impl, prep, device, True, standard)
         if kind == "error" and outcome.error.startswith(TRACER_ERRORS):
@@ -249,130 +93,6 @@ def _untraceable(impl, reference, options, binary, dtype, device, standard) -> t
                 return (error if len(error) <= 120 else error[:117] + "..."), False
             eagerly_too = eagerly_too or eager.error.startswith(TRACER_ERRORS)
     return "", eagerly_too
-
-
-def _plain(value) -> str:
-    if isinstance(value, np.ndarray):
-        return _short(value, 60)
-    if isinstance(value, (np.floating, np.integer)):
-        return repr(value.item())
-    return repr(value)
-
-
-def _signature(hazard: Hazard) -> tuple:
-    """Hazards with one signature are one problem seen in several regions: non-finite results of
-    the same quantity and kind (nan, inf), accuracy at or below the result's scale, the same
-    exception."""
-    consequence = hazard.consequence
-    problem = hazard.failure.problems[0] if hazard.failure.problems else ""
-    if consequence == "non-finite":
-        subject, _, rest = problem.partition(" is ")
-        return (consequence, subject, rest.split(" ")[0])
-    if consequence == "error":
-        return (consequence, problem[:80])
-    return (consequence,)
-
-
-def _groups(hazards: list[Hazard]) -> list[list[Hazard]]:
-    """`hazards` (in order of consequence) gathered by ``_signature``, in order of first sight."""
-    groups: dict[tuple, list[Hazard]] = {}
-    for hazard in hazards:
-        groups.setdefault(_signature(hazard), []).append(hazard)
-    return list(groups.values())
-
-
-REPRODUCERS = ("each region's own reproducer: "
-               "for h in report.hazards: print(h.region, h.failure.reproducer)")  # fmt: skip
-# the inputs a user may not pass (tag -> what they are, and how to scope the check to the rest)
-_SCOPES = {
-    "masked": "with -inf logits (class masks): if your logits never hold -inf, "
-              "skip=('masked', 'masked_soft') leaves them out. Masks written as "
-              "torch.finfo(dtype).min, as Hugging Face models write them, are finite logits "
-              "that the huge_shift and confident regions cover",
-    "prob": "with probability targets (soft, one-hot or smoothed): no concern for calls with "
-            "class indices (skip=('soft_targets', 'masked_soft') leaves out the regions made of "
-            "them)",
-    "soft": "with soft targets (strictly between 0 and 1): binary_targets=True judges targets "
-            "in {0, 1} only",
-    "huge": "at logits near half the dtype's range: skip=('huge_shift',) leaves them out, but "
-            "masks written as torch.finfo(dtype).min, as Hugging Face models write them, put "
-            "logits there",
-}  # fmt: skip
-
-
-def _tags(hazard: Hazard, softmax: bool) -> set[str]:
-    f = hazard.failure
-    logits = np.asarray(getattr(f, "logits", None), dtype=np.float64)
-    targets = np.asarray(getattr(f, "targets", None))
-    tags = set()
-    if hazard.region in ("masked", "masked_soft") or np.any(np.isneginf(logits)):
-        tags.add("masked")
-    if softmax and targets.dtype.kind == "f":
-        tags.add("prob")
-    if not softmax and np.any((targets != 0.0) & (targets != 1.0)):
-        tags.add("soft")
-    if hazard.region == "huge_shift":
-        tags.add("huge")
-    return tags
-
-
-def _scope(group: list[Hazard], softmax: bool) -> str:
-    """What every hazard of `group` needs from its input, and how to scope the check without
-    it; '' when they have nothing in common."""
-    common = set.intersection(*(_tags(h, softmax) for h in group))
-    return "; ".join(_SCOPES[tag] for tag in _SCOPES if tag in common)
-
-
-def _wrap(text: str, indent: str, width: int = 100) -> list[str]:
-    import textwrap
-
-    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False)
-
-
-def _describe(i: int, hazard: Hazard) -> list[str]:
-    f = hazard.failure
-    more = f"; {hazard.count} cases" if hazard.count > 1 else ""
-    where = "Hypothesis (shrunk)" if hazard.region == "hypothesis" else f"region {hazard.region}"
-    case = "" if hazard.region == "hypothesis" else f": case {f.case}"
-    lines = [f"{i}. [{hazard.consequence}] {where}, {'/'.join(hazard.dtypes)}{more}{case}"]
-    lines += [f"   {p}" for p in f.problems[:2]]
-    lines.append(f"   logits {_short(f.logits, 110)}  targets {_short(f.targets, 60)}")
-    if f.expected_value is not None:
-        lines.append(
-            f"   value: expected {_short(f.expected_value, 60)}, "
-            f"received {_short(f.received_value, 60)}"
-        )
-        if f.expected_grad is not None:
-            lines.append(
-                f"   grad:  expected {_short(f.expected_grad, 70)}, "
-                f"received {_short(f.received_grad, 70)}"
-            )
-    lines.append(f"   reproduce: {f.reproducer}")
-    return lines
-
-
-def _name_of(candidate) -> tuple[str, str, str]:
-    """(display name, import line, call expression) for reproducers: an importable function is
-    imported by its module; one that is not (defined in ``__main__``, a notebook, inside a test)
-    is called by its own name, so that the line runs pasted next to its definition. Only what
-    has no name (a lambda, a partial, a callable object) is called ``candidate``."""
-    module = getattr(candidate, "__module__", None)
-    qualname = getattr(candidate, "__qualname__", None) or getattr(candidate, "__name__", None)
-    if module and qualname and "<" not in qualname and module != "__main__":
-        try:
-            obj = importlib.import_module(module)
-            for part in qualname.split("."):
-                obj = getattr(obj, part)
-            if obj is candidate:
-                top = qualname.split(".")[0]
-                return f"{module}.{qualname}", f"from {module} import {top}", qualname
-        except Exception:  # noqa: BLE001 - then the reproducer calls it by its own name
-            pass
-    name = qualname or repr(candidate)
-    own = getattr(candidate, "__name__", "")
-    if inspect.isfunction(candidate) and own.isidentifier() and own != "<lambda>":
-        return name, "", own
-    return name, "", "candidate"
 
 
 def _named_options(candidate, info, options: dict) -> tuple[str, ...]:
@@ -390,9 +110,8 @@ def _named_options(candidate, info, options: dict) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _implementation(candidate, reference, backend, options=None, binary=False) -> B.Implementation:
+def _implementation(candidate, info, backend, options=None, binary=False) -> B.Implementation:
     display, imports, call = _name_of(candidate)
-    info = losses.get(reference)
     takes = _named_options(candidate, info, options or {})
 
     def fn(x, t, **given):
@@ -407,7 +126,7 @@ def _implementation(candidate, reference, backend, options=None, binary=False) -
         return ("targets",) * floats + tuple(n for n in takes if prep.options.get(n) is not None)
 
     return B.Implementation(
-        name=display, backend=backend, loss=reference, fn=fn, kwargs=kwargs,
+        name=display, backend=backend, loss=info, fn=fn, kwargs=kwargs,
         imports=imports, expr=lambda kw: f"{call}(x, t{B.format_kwargs(kw)})", wrt=wrt,
     )  # fmt: skip
 
@@ -457,16 +176,16 @@ def _probability_variants(case: Case) -> list[Case]:
 
 
 def adversarial_cases(
-    reference: str, dtype: str, options: dict, skip=(), binary: bool = False
+    reference, dtype: str, options: dict, skip=(), binary: bool = False
 ) -> list[Case]:
     """The input regions of ``cases`` with `options` fixed; duplicates (option variants) dropped.
 
     The margin regions also come with probability targets (softmax); with `binary`, a sigmoid
-    loss gets its targets rounded to {0, 1}."""
+    loss gets its targets rounded to {0, 1}. `reference`: the loss's name or its record."""
     info = losses.get(reference)
     ignore_index = options.get("ignore_index", -100)
     out, seen = [], set()
-    for case in make_cases(reference, dtype, regions=CHECK_REGIONS, skip=skip):
+    for case in make_cases(info, dtype, regions=CHECK_REGIONS, skip=skip):
         case.label = _OPTION_LABEL.sub("", case.label)
         if case.index_targets:
             if case.region == "ignored" and "ignore_index" in case.options:
@@ -490,8 +209,7 @@ def adversarial_cases(
 def fits(case: Case, options: dict) -> bool:
     """Whether the array options apply to `case`: a class vector of its number of classes, an
     element-wise weight that broadcasts to its logits. A case they do not fit is not run."""
-    info = losses.get(case.loss)
-    for option in info.options:
+    for option in case.info.options:
         value = options.get(option.name)
         if value is None or np.ndim(value) == 0 or option.kind in ("mask", "choice", "index"):
             continue
@@ -510,9 +228,8 @@ def fits(case: Case, options: dict) -> bool:
 
 def features(case: Case, options: dict) -> frozenset[str]:
     """The features (keys of ``FEATURES``) that `case` uses."""
-    info = losses.get(case.loss)
     used = set()
-    if info.is_softmax:
+    if case.info.is_softmax:
         if case.index_targets:
             used.add("index")
             ignored = case.targets == options.get("ignore_index", -100)
@@ -529,10 +246,10 @@ def features(case: Case, options: dict) -> frozenset[str]:
     return frozenset(used)
 
 
-def _fixed_shape(reference: str, options: dict) -> tuple[int | None, int | None]:
+def _fixed_shape(info, options: dict) -> tuple[int | None, int | None]:
     """(rows, classes) that the array options fix (a class vector: C; element-wise weights: their
     shape), None where they leave it free."""
-    shaped = [np.shape(options[o.name]) for o in losses.get(reference).options
+    shaped = [np.shape(options[o.name]) for o in info.options
               if o.kind in ("class_vector", "scalar_or_class_vector", "elementwise")
               and np.ndim(options.get(o.name)) > 0]  # fmt: skip
     fixed_c = next((s[-1] for s in shaped if s[-1] != 1), None)
@@ -540,12 +257,13 @@ def _fixed_shape(reference: str, options: dict) -> tuple[int | None, int | None]
     return fixed_n, fixed_c
 
 
-def probes(reference: str, options: dict, binary: bool = False) -> dict[str, Case]:
+def probes(reference, options: dict, binary: bool = False) -> dict[str, Case]:
     """One small input per feature: a plain batch, plus that feature alone (where it can be);
-    4 x 5 unless the array options fix another shape."""
+    4 x 5 unless the array options fix another shape. `reference`: the loss's name or its
+    record."""
     info = losses.get(reference)
     rng = np.random.default_rng(20240611)
-    n, c = _fixed_shape(reference, options)
+    n, c = _fixed_shape(info, options)
     n, c = n or 4, c or 5
     if (n, c) != (4, 5):
         return _probes_of_shape(info, options, binary, n, c, rng)
@@ -553,7 +271,7 @@ def probes(reference: str, options: dict, binary: bool = False) -> dict[str, Cas
     z = np.round(rng.standard_normal((4, 5)) * 8.0) / 4.0
 
     def case(name, logits, targets):
-        return Case(reference, "probe", name, np.asarray(logits, float), np.asarray(targets),
+        return Case(info, "probe", name, np.asarray(logits, float), np.asarray(targets),
                     dict(options))  # fmt: skip
 
     if not info.is_softmax:
@@ -581,7 +299,7 @@ def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
     z = np.round(rng.standard_normal((n, c)) * 8.0) / 4.0
 
     def case(name, logits, targets):
-        return Case(info.name, "probe", name, np.asarray(logits, float), np.asarray(targets),
+        return Case(info, "probe", name, np.asarray(logits, float), np.asarray(targets),
                     dict(options))  # fmt: skip
 
     if not info.is_softmax:
@@ -605,7 +323,7 @@ def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
     }
 
 
-def _validate(info, options: dict, skip, dtypes, reference: str) -> list[str]:
+def _validate(info, options: dict, skip, dtypes) -> list[str]:
     """Refuses unknown option names (against the spec's signature), bad option values (the
     spec's own message), unknown regions and dtypes; returns the dtype names."""
     allowed = [name for name in inspect.signature(info.spec).parameters
@@ -618,7 +336,7 @@ def _validate(info, options: dict, skip, dtypes, reference: str) -> list[str]:
             )
         if name not in allowed:
             raise ValueError(
-                f"`options` has {name!r}, which spec.{reference} does not take (it takes "
+                f"`options` has {name!r}, which spec.{info.name} does not take (it takes "
                 f"{', '.join(allowed)}). Received: options={options!r}."
             )
     scalars = {k: v for k, v in options.items() if not isinstance(v, np.ndarray)
@@ -668,7 +386,8 @@ def check(
         'sigmoid_cross_entropy', 'sigmoid_focal_loss'), or a fused linear loss
         ('linear_softmax_cross_entropy', 'linear_softmax_focal_loss'): then the candidate is
         ``candidate(hidden, linear_weight, targets)`` (with ``options={'bias': True}``, also a
-        fourth argument bias) and ``parity.linear.check`` judges it.
+        fourth argument bias) and ``parity.linear.check`` judges it. The loss's record
+        (``losses.LossInfo``) is accepted too; either is looked up once.
       backend: 'torch' or 'jax'.
       options: the spec keyword arguments the candidate implements (its class axis is the
         backend's; do not pass `axis`). Unknown names are refused.
@@ -696,19 +415,20 @@ def check(
       readable ``str()``.
     """
     jit = backend == "jax" if jit is None else bool(jit)
-    if reference in losses.LINEAR_NAMES:
+    try:
+        # the one lookup: from here on the loss travels as its record
+        info = losses.get(reference)
+    except ValueError:
+        raise ValueError(
+            f"`reference` must be one of {losses.ALL_NAMES}. Received: reference={reference!r}."
+        ) from None
+    if info.is_linear:
         # the fused linear losses: their own cases and bound (``parity.linear``)
-        from .linear import check as check_linear
-
         return check_linear(
-            candidate, reference, backend=backend, options=options, dtypes=dtypes,
+            candidate, info, backend=backend, options=options, dtypes=dtypes,
             max_examples=max_examples, skip=skip, device=device, jit=jit,
             stop_at_first=stop_at_first, standard=standard, binary_targets=binary_targets,
         )  # fmt: skip
-    if reference not in LOSSES:
-        names = LOSSES + losses.LINEAR_NAMES
-        raise ValueError(f"`reference` must be one of {names}. Received: reference={reference!r}.")
-    info = losses.get(reference)
     if backend not in B.BACKENDS:
         raise ValueError(f"`backend` must be one of {B.BACKENDS}. Received: backend={backend!r}.")
     if standard not in STANDARDS:
@@ -717,24 +437,25 @@ def check(
         )
     if binary_targets and info.is_softmax:
         raise ValueError(
-            f"`binary_targets` applies to sigmoid losses only. Received: reference={reference!r}."
+            f"`binary_targets` applies to sigmoid losses only. Received: reference={info.name!r}."
         )
     options = dict(options or {})
-    dtypes = _validate(info, options, skip, dtypes, reference)
+    dtypes = _validate(info, options, skip, dtypes)
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
     max_examples = 50 if max_examples is None else int(max_examples)
     if max_examples < 0:
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
-    impl = _implementation(candidate, reference, backend, options, binary_targets)
+    impl = _implementation(candidate, info, backend, options, binary_targets)
     takes = _named_options(candidate, info, options)
     unnamed = _name_of(candidate)[2] == "candidate"
     label, dev = D.one_device(backend, device)
-    report = CheckReport(impl.name, reference, backend, options, standard, dtypes, device=label)
+    report = CheckReport(impl.name, info.name, backend, options, standard, dtypes, device=label,
+                         info=info)  # fmt: skip
     report.precision = D.pin_precision([backend])
     jit = jit and backend == "jax"
     if jit:
         report.eager_because, eagerly_too = _untraceable(
-            impl, reference, _for_dtype(options, takes, dtypes[0]), binary_targets, dtypes[0], dev,
+            impl, info, _for_dtype(options, takes, dtypes[0]), binary_targets, dtypes[0], dev,
             standard,
         )  # fmt: skip
         jit = not report.eager_because
@@ -777,17 +498,17 @@ def check(
     user_options = options
     for dtype in dtypes:
         options = _for_dtype(user_options, takes, dtype)
-        unsupported = _probe(impl, reference, options, binary_targets, dtype, dev, jit, standard,
+        unsupported = _probe(impl, info, options, binary_targets, dtype, dev, jit, standard,
                              report)  # fmt: skip
         if unsupported is None:  # raised on every probe: nothing to judge
-            prep = B.prepare(next(iter(probes(reference, options).values())), dtype)
+            prep = B.prepare(next(iter(probes(info, options).values())), dtype)
             kind, judgement, outcome = evaluate(impl, prep, dev, jit, standard)
             failure = make_failure(impl, prep, label, mode, "error", judgement, outcome)
             failure.problems = [f"raised on every input tried: {outcome.error}"]
             record(failure, "every input", dtype)
             continue
         left_out = unsupported | {_SKIPPED_FEATURES[r] for r in skip if r in _SKIPPED_FEATURES}
-        for case in adversarial_cases(reference, dtype, options, skip, binary_targets):
+        for case in adversarial_cases(info, dtype, options, skip, binary_targets):
             report.cases_run += 1
             if features(case, options) & left_out or not fits(case, options):
                 continue
@@ -807,7 +528,7 @@ def check(
         if hazards and stop_at_first:
             break
         if max_examples:
-            found, count = _explore(impl, reference, options, dtype, dev, label, mode, jit,
+            found, count = _explore(impl, info, options, dtype, dev, label, mode, jit,
                                     max_examples, left_out, skip, standard,
                                     binary_targets)  # fmt: skip
             report.examples_run += count
@@ -845,10 +566,10 @@ def _note_input_grads(report, impl, prep, outcome, kind) -> None:
             report.unsupported[key] = f"{why}\n      reproduce: {repro}"
 
 
-def _probe(impl, reference, options, binary, dtype, device, jit, standard, report):
+def _probe(impl, info, options, binary, dtype, device, jit, standard, report):
     """The features the candidate raises on (recorded in `report.unsupported` with their
     reproducers), or None when it raises on every probe."""
-    found = probes(reference, options, binary)
+    found = probes(info, options, binary)
     raised, worked = {}, set()
     for name, case in found.items():
         prep = B.prepare(case, dtype)
@@ -860,7 +581,6 @@ def _probe(impl, reference, options, binary, dtype, device, jit, standard, repor
     if not worked:
         return None
     unsupported = set()
-    info = losses.get(reference)
     if info.is_softmax:
         # the masked probe runs on whichever targets the candidate takes
         masked_probes = [n for n in ("masked", "masked_prob") if n in found]
@@ -890,7 +610,7 @@ def _probe(impl, reference, options, binary, dtype, device, jit, standard, repor
 
 def _explore(
     impl,
-    reference,
+    info,
     options,
     dtype,
     device,
@@ -918,7 +638,7 @@ def _explore(
     mask_index = "masked" not in skip and "masked" not in unsupported
     mask_prob = "masked_soft" not in skip and "masked" not in unsupported
     element = st.one_of(st.floats(-30.0, 30.0, width=32), st.sampled_from(specials))
-    softmax = losses.get(reference).is_softmax
+    softmax = info.is_softmax
     kinds = [k for k in ("index", "prob") if k not in unsupported] if softmax else ["prob"]
     if not kinds:
         return None, 0
@@ -926,7 +646,7 @@ def _explore(
     allow_ignore = "ignored" not in skip and "ignored" not in unsupported
     sigmoid_targets = [0.0, 1.0] if binary or "soft" in unsupported else [0.0, 1.0, 0.5, 0.25]
 
-    fixed_n, fixed_c = _fixed_shape(reference, options)
+    fixed_n, fixed_c = _fixed_shape(info, options)
 
     @st.composite
     def inputs(draw):
@@ -965,7 +685,7 @@ def _explore(
     def search(data):
         z, t = data
         state["count"] += 1
-        case = Case(reference, "hypothesis", "example", z, t, dict(options))
+        case = Case(info, "hypothesis", "example", z, t, dict(options))
         if not fits(case, options):
             return
         prep = B.prepare(case, dtype)

@@ -84,6 +84,8 @@ class Implementation:
     `kwargs(options, backend_arrays)` turns the spec's options into the function's keyword
     arguments (None: the function cannot express this case, it is skipped). `expr` is the call
     written as Python for reproducers, with ``{kwargs}`` standing for the keyword arguments.
+    `loss` may be given as the loss's record or its name: `loss` holds the name, `info` the
+    record.
     """
 
     name: str
@@ -99,6 +101,14 @@ class Implementation:
     # the inputs besides the logits whose gradients are taken and judged in a case: 'targets'
     # (probability targets) and option names, which `kwargs` must then give as float arrays
     wrt: Callable[[Prepared], tuple[str, ...]] = lambda prep: ()
+    info: losses.LossInfo = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.loss, losses.LossInfo):
+            self.info = self.loss
+        elif self.info is None:
+            self.info = losses.get(self.loss)
+        self.loss = self.info.name
 
 
 def format_kwargs(kwargs: dict) -> str:
@@ -286,12 +296,11 @@ def _call_torch(fn, x, t, kwargs, wrt=()):
     return value, grad, others
 
 
-def _attempts(loss: str, wrt: tuple[str, ...], kwargs: dict) -> list[tuple[tuple[str, ...], dict]]:
+def _attempts(info, wrt: tuple[str, ...], kwargs: dict) -> list[tuple[tuple[str, ...], dict]]:
     """The calls to try, each (inputs to differentiate, keyword arguments): everything; then the
     real-number options (gamma, a scalar alpha, label_smoothing) as Python floats, for a loss
     that takes only numbers there; then nothing differentiated. A call that raises passes on to
     the next; the last one's error is final."""
-    info = losses.get(loss)
     scalars = [n for n in wrt if n != "targets" and np.ndim(kwargs[n]) == 0
                and info.option(n).kind in ("real", "scalar_or_class_vector")]  # fmt: skip
     as_floats = {**kwargs, **{n: float(kwargs[n]) for n in scalars}}
@@ -310,7 +319,7 @@ def _error_line(error: BaseException) -> str:
 def run_torch(impl: Implementation, prep: Prepared, device: str, compiled: bool) -> Outcome:
     import torch
 
-    softmax = losses.get(impl.loss).is_softmax
+    softmax = impl.info.is_softmax
     logits = to_torch_layout(prep.logits) if softmax else prep.logits
     targets = prep.targets
     if softmax and not prep.case.index_targets:
@@ -330,7 +339,7 @@ def run_torch(impl: Implementation, prep: Prepared, device: str, compiled: bool)
     t = torch_array(targets, prep.dtype, device)
     input_errors = {}
     try:
-        attempts = _attempts(impl.loss, impl.wrt(prep), kwargs)
+        attempts = _attempts(impl.info, impl.wrt(prep), kwargs)
         for i, (wrt, given) in enumerate(attempts):
             x = torch_array(logits, prep.dtype, device).requires_grad_(True)
             leaves = {n: (t if n == "targets" else given[n]).detach().requires_grad_(True)
@@ -433,7 +442,7 @@ def run_jax(impl: Implementation, prep: Prepared, device: Any, compiled: bool) -
         try:
             x = jax_array(prep.logits, prep.dtype, device)
             t = jax_array(prep.targets, prep.dtype, device)
-            attempts = _attempts(impl.loss, wrt, kwargs)
+            attempts = _attempts(impl.info, wrt, kwargs)
             for i, (names, given) in enumerate(attempts):
                 try:
                     value, grad, others = _jax_call(impl, given, compiled, names, x, t)
@@ -537,7 +546,7 @@ def reproducer(impl: Implementation, prep: Prepared, device: str = "cpu", wrt=No
     w.r.t. the targets and options of `wrt` (default: ``impl.wrt(prep)``) are printed too."""
     wrt = tuple(impl.wrt(prep) if wrt is None else wrt)
     case = prep.case
-    softmax = losses.get(impl.loss).is_softmax
+    softmax = impl.info.is_softmax
     big = prep.logits.size > _LITERAL_LIMIT
     if impl.backend == "torch":
         lib = "torch"

@@ -64,7 +64,10 @@ ADVERSARIAL = ("confident_correct", "confident_wrong", "near_ties", "masked", "s
 
 @dataclass
 class Case:
-    """One input: logits (float64, class axis last), targets, the spec's options, metadata."""
+    """One input: logits (float64, class axis last), targets, the spec's options, metadata.
+
+    `loss` may be given as the loss's record or its name; the case holds the name in `loss` and
+    the record in `info` (looked up once, here, when only the name was given)."""
 
     loss: str
     region: str
@@ -76,6 +79,15 @@ class Case:
     margin: float = 0.0
     # rows worth trying first when looking for a minimal failing input
     hot_rows: tuple[int, ...] = ()
+    # the loss's record (``losses.LossInfo``): what the code asks about the loss
+    info: losses.LossInfo = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.loss, losses.LossInfo):
+            self.info = self.loss
+        elif self.info is None:
+            self.info = losses.get(self.loss)
+        self.loss = self.info.name
 
     @property
     def name(self) -> str:
@@ -84,10 +96,6 @@ class Case:
     @property
     def index_targets(self) -> bool:
         return np.issubdtype(self.targets.dtype, np.integer)
-
-    @property
-    def info(self) -> losses.LossInfo:
-        return losses.get(self.loss)
 
     @property
     def gamma(self) -> float:
@@ -240,7 +248,7 @@ class _Plan:
 
     def case(self, region, label, z, t, options=None, margin=0.0, hot=()) -> Case:
         target_dtype = None if self.info.is_softmax else float
-        return Case(self.info.name, region, label, np.asarray(z, float),
+        return Case(self.info, region, label, np.asarray(z, float),
                     np.asarray(t, target_dtype), options or {}, margin, tuple(hot))  # fmt: skip
 
 
@@ -588,7 +596,7 @@ def make_cases(
     """Every case of `loss` for `dtype`; deterministic (each region has its own fixed seed).
 
     Args:
-      loss: a spec loss name.
+      loss: a spec loss name, or its record.
       dtype: 'float64', 'float32', 'float16' or 'bfloat16' (sets the margin range).
       level: 'quick' or 'full' (more margins, gammas, shapes).
       regions: only these region names (None: all).

@@ -49,6 +49,9 @@ Two standards, as ``tolerance.py``:
 
 NaN-free: every value and gradient must be finite (all these regions have finite math); a
 non-finite result is its own kind of failure.
+
+Imports: the report types from ``findings``; it must not import ``_check`` (which imports it to
+hand the fused losses over) and imports no framework at import time.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ import numpy as np
 from .. import losses, spec
 from . import backends as B
 from . import devices as D
-from ._check import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain
+from .findings import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain
 from .runner import Record, _short
 from .tolerance import (
     SMALLEST_NORMAL,
@@ -86,11 +89,11 @@ SHAPES = {"quick": ((45, 16, 97),), "full": ((45, 16, 97), (130, 24, 1031))}
 # take all N rows in one block): 45 = 2 x 16 + 13 = 4 x 11 + 1 (one extra row), 130 = 8 x 16 + 2
 # = 11 x 11 + 9. The spec accepts chunk_size and has nothing to chunk.
 OPTION_SETS = {
-    "linear_softmax_cross_entropy": (
+    losses.LINEAR_SOFTMAX_CROSS_ENTROPY.name: (
         {"chunk_size": 16},
         {"weight": "vector", "label_smoothing": 0.1, "chunk_size": 11},
     ),
-    "linear_softmax_focal_loss": (
+    losses.LINEAR_SOFTMAX_FOCAL_LOSS.name: (
         {"gamma": 2.0, "chunk_size": 16},
         {"gamma": 0.5, "alpha": "vector", "label_smoothing": 0.1, "chunk_size": 11},
     ),
@@ -165,6 +168,15 @@ class LinearCase:
     bias: np.ndarray | None
     targets: np.ndarray
     options: dict = field(default_factory=dict)
+    # the loss's record; `loss` may be given as the record too (``cases.Case`` does the same)
+    info: losses.LossInfo = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.loss, losses.LossInfo):
+            self.info = self.loss
+        elif self.info is None:
+            self.info = losses.get(self.loss)
+        self.loss = self.info.name
 
     @property
     def name(self) -> str:
@@ -208,7 +220,9 @@ def option_values(options: dict, num_classes: int) -> dict:
 def make_cases(
     loss: str, options: dict | None = None, *, level: str = "quick", regions=None, skip=()
 ) -> list[LinearCase]:
-    """Every case of `loss` with `options` (spec options; "vector" entries become ramps)."""
+    """Every case of `loss` (a name or its record) with `options` (spec options; "vector"
+    entries become ramps)."""
+    info = losses.get(loss)
     if level not in SHAPES:
         raise ValueError(f"`level` must be 'quick' or 'full'. Received: level={level!r}.")
     out = []
@@ -221,7 +235,7 @@ def make_cases(
             targets = np.where(targets == -100, dict(options or {}).get("ignore_index", -100),
                                targets)  # fmt: skip
             out.append(
-                LinearCase(loss, region, f"{n}x{h}x{v}", hidden, kernel, bias,
+                LinearCase(info, region, f"{n}x{h}x{v}", hidden, kernel, bias,
                            targets.astype(np.int64), option_values(dict(options or {}), v))
             )  # fmt: skip
     return out
@@ -600,6 +614,7 @@ def _failure(name, imports, call, fn, backend, loss, prep, label, mode, dev, kin
     """The failure of the whole case (its problems, at their real size), reproduced by the
     first of the case's first 16 rows that fails the same way (else by the whole case)."""
     problems = judgement.problems if judgement is not None else [outcome.error or "failed"]
+    loss = prep.case.info
     small = prep
     for i in range(min(prep.hidden.shape[0], 16) if prep.hidden.shape[0] > 1 else 0):
         row = prepare(prep.case.rows(i), prep.dtype)
@@ -608,7 +623,7 @@ def _failure(name, imports, call, fn, backend, loss, prep, label, mode, dev, kin
             small = row
             break
     return LinearFailure(
-        kind, loss, name, backend, label, mode, prep.dtype, prep.case.name, problems,
+        kind, loss.name, name, backend, label, mode, prep.dtype, prep.case.name, problems,
         dict(prep.options), int(small.hidden.shape[0]),
         {} if judgement is None else judgement.expected,
         {} if judgement is None else judgement.received,
@@ -726,7 +741,7 @@ def check(
     the candidate takes a bias as its fourth argument. There is no Hypothesis exploration for
     these losses (`max_examples` is checked and ignored): the regions are the cases.
     """
-    info = losses.get(reference)
+    info = losses.get(reference)  # ``parity.check`` hands over the record it resolved
     if backend not in B.BACKENDS:
         raise ValueError(f"`backend` must be one of {B.BACKENDS}. Received: backend={backend!r}.")
     if standard not in STANDARDS:
@@ -735,7 +750,7 @@ def check(
         )
     if binary_targets:
         raise ValueError(
-            f"`binary_targets` applies to sigmoid losses only. Received: reference={reference!r}."
+            f"`binary_targets` applies to sigmoid losses only. Received: reference={info.name!r}."
         )
     if max_examples is not None and int(max_examples) < 0:
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
@@ -747,12 +762,13 @@ def check(
     name, imports, call = _name_of(candidate)
     label, dev = D.one_device(backend, device)
     mode = "jit" if (jit and backend == "jax") else "eager"
-    report = LinearCheckReport(name, reference, backend, options, standard, dtypes, device=label)
+    report = LinearCheckReport(name, info.name, backend, options, standard, dtypes, device=label,
+                               info=info)  # fmt: skip
     report.precision = D.pin_precision([backend])
     if call == "candidate":
         report.notes.append(UNNAMED_NOTE)
     hazards: dict[tuple[str, str], Hazard] = {}
-    cases = make_cases(reference, spec_options, skip=skip)
+    cases = make_cases(info, spec_options, skip=skip)
     if not with_bias:
         cases = [case.folded() for case in cases]
     jit = jit and backend == "jax"
@@ -764,10 +780,10 @@ def check(
                 by_feature.setdefault(feature, case)
         plain = next((c for c in cases if not _features(c, spec_options)), None)
         if plain is not None:
-            kind, _, outcome = evaluate(candidate, backend, reference, prepare(plain, dtype), dev,
+            kind, _, outcome = evaluate(candidate, backend, info, prepare(plain, dtype), dev,
                                         jit, standard)  # fmt: skip
             if kind == "error":
-                failure = _failure(name, imports, call, candidate, backend, reference,
+                failure = _failure(name, imports, call, candidate, backend, info,
                                    prepare(plain, dtype), label, mode, dev, "error", None,
                                    outcome, jit, standard)  # fmt: skip
                 failure.problems = [f"raised on every input tried: {outcome.error}"]
@@ -777,7 +793,7 @@ def check(
                 continue
         for feature, case in by_feature.items():
             prep = prepare(case, dtype)
-            kind, _, outcome = evaluate(candidate, backend, reference, prep, dev, jit, standard)
+            kind, _, outcome = evaluate(candidate, backend, info, prep, dev, jit, standard)
             if kind == "error":
                 unsupported.add(feature)
                 repro = reproducer(call, imports, prep, backend, label)
@@ -789,7 +805,7 @@ def check(
             if _features(case, spec_options) & unsupported:
                 continue
             prep = prepare(case, dtype)
-            kind, judgement, outcome = evaluate(candidate, backend, reference, prep, dev, jit,
+            kind, judgement, outcome = evaluate(candidate, backend, info, prep, dev, jit,
                                                 standard)  # fmt: skip
             report.cases_judged += kind != "error"
             if kind == "ok":
@@ -800,7 +816,7 @@ def check(
                 if dtype not in hazards[key].dtypes:
                     hazards[key].dtypes.append(dtype)
                 continue
-            failure = _failure(name, imports, call, candidate, backend, reference, prep, label,
+            failure = _failure(name, imports, call, candidate, backend, info, prep, label,
                                mode, dev, kind, judgement, outcome, jit, standard)  # fmt: skip
             hazards[key] = Hazard(failure, case.region, 1, [dtype])
         if hazards and stop_at_first:

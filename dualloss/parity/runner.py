@@ -161,7 +161,7 @@ def _jsonable(value):
 
 def judge_outcome(prep: B.Prepared, outcome: B.Outcome, standard: str = "strict"):
     return _judge(
-        prep.case.loss,
+        prep.case.info,
         prep.ref_logits,
         prep.ref_targets,
         prep.options,

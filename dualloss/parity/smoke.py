@@ -257,6 +257,7 @@ def step_parity_compile(device: str) -> bool:
 
 
 def step_graph_breaks(device: str) -> bool:
+    from .. import losses
     from . import devices
 
     devices.start(["torch"])
@@ -269,18 +270,18 @@ def step_graph_breaks(device: str) -> bool:
     index = torch.tensor([0, 1, 2, 3, 4, 0, 1, -100], device=dev)
     soft = torch.rand(8, 5, device=dev)
     calls = {
-        "softmax_cross_entropy": (index, {"label_smoothing": 0.1}),
-        "softmax_focal_loss": (index, {"gamma": 2.0, "alpha": torch.rand(5, device=dev)}),
-        "sigmoid_cross_entropy": (soft, {}),
-        "sigmoid_focal_loss": (soft, {"gamma": 2.0, "alpha": 0.25}),
+        losses.SOFTMAX_CROSS_ENTROPY: (index, {"label_smoothing": 0.1}),
+        losses.SOFTMAX_FOCAL_LOSS: (index, {"gamma": 2.0, "alpha": torch.rand(5, device=dev)}),
+        losses.SIGMOID_CROSS_ENTROPY: (soft, {}),
+        losses.SIGMOID_FOCAL_LOSS: (soft, {"gamma": 2.0, "alpha": 0.25}),
     }
     worst = 0
-    for name, (t, kwargs) in calls.items():
+    for info, (t, kwargs) in calls.items():
         torch._dynamo.reset()
-        explained = torch._dynamo.explain(getattr(torch_impl, name))(x, t, **kwargs)
+        explained = torch._dynamo.explain(getattr(torch_impl, info.name))(x, t, **kwargs)
         count = explained.graph_break_count
         worst = max(worst, count)
-        print(f"{name}: {count} graph breaks, {explained.graph_count} graph(s)")
+        print(f"{info.name}: {count} graph breaks, {explained.graph_count} graph(s)")
     print(f"graph breaks on {device}: at most {worst}")
     return worst == 0
 
@@ -308,9 +309,10 @@ def step_assert_poisoning(device: str) -> bool:
     poisoned = child.returncode != 0
     outcome = "failed (device-side assert), as expected" if poisoned else "did NOT fail"
     print(f"a gather with -100 on {dev} in a child process: {outcome}")
+    from .. import losses
     from ._check import check
 
-    report = check(_gather_focal, "softmax_focal_loss", backend="torch", device=device,
+    report = check(_gather_focal, losses.SOFTMAX_FOCAL_LOSS.name, backend="torch", device=device,
                    dtypes=["float32"], max_examples=5)  # fmt: skip
     import torch
 

@@ -598,7 +598,7 @@ def judge(
     """Compares a candidate's value (and gradients) with the spec.
 
     Args:
-      loss: the spec loss name, e.g. 'softmax_focal_loss'.
+      loss: the spec loss name, e.g. 'softmax_focal_loss', or its record.
       logits, targets: exactly the inputs the candidate saw, as NumPy arrays (upcast to float64
         is exact); the class axis where ``options['axis']`` says (default -1).
       options: keyword arguments of the spec loss (axis, gamma, alpha, weight, reduction, ...).
