@@ -86,9 +86,9 @@ BACKEND_EXTRAS = {
         # XLA:CPU's float64 log1p is inaccurate below -0.3
         "_log1m",
         # XLA flushes subnormals: rows whose other classes are all below the smallest normal
-        "_unflush_exponent",
+        "_unflush_exponent", "_unflush_power",
         # the gather path for class-index targets
-        "_at", "_unflushed", "_shifted_sums", "_softmax_focal_terms_at",
+        "_at", "_shifted_sums", "_softmax_focal_terms_at",
         "_softmax_cross_entropy_terms_at",
         # closed-form tangents along the targets and alpha (the targets' one exact where
         # 1 - p_t is below the smallest normal: log softplus without underflow)

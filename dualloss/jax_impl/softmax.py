@@ -13,6 +13,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .. import _checks
 from ._autodiff import _with_closed_form_grad
@@ -61,6 +62,18 @@ def _unflush_exponent(dtype) -> float:
     row's other classes may all be subnormals that XLA flushes to 0; exp(z + K) of each stays
     normal and <= 1 there, and the sum times exp(-K) keeps every digit."""
     return -0.5 * math.log(float(jnp.finfo(dtype).tiny))
+
+
+# k with k ln 2 closest to a number of the dtype (2.9e-17 off in float64, 4.6e-8 in float32:
+# 0.26 and 0.77 of the unit roundoff), large enough that exp(z + k ln 2) of every class that
+# matters to a row's sum is normal (terms down to exp(-104) in float32, exp(-750) in float64)
+_UNFLUSH_POWER = {"float32": 24, "float64": 61}
+
+
+def _unflush_power(dtype) -> int:
+    """k for ``_shifted_sums``: the terms are summed times 2^k, exactly for the classes above
+    exp(-k ln 2) (a power of two) and as exp(z + k ln 2) below, so that none is flushed."""
+    return _UNFLUSH_POWER.get(jnp.dtype(dtype).name, 4)
 
 
 def _log_softmax(z):
@@ -163,73 +176,43 @@ def _at(x, y):
     return jnp.take_along_axis(x, y[..., None], axis=-1, mode="clip")[..., 0]
 
 
-def _unflushed(z, z_top, y, s, at_top):
-    """s = sum_{j != top} exp(z_j - z_top) of ``_shifted_sums``, where the rows `at_top` (target
-    on top) may have lost it to flushed subnormals.
-
-    XLA flushes subnormal numbers to 0 (on the CPU too): where every other class is below the
-    smallest normal, their sum (up to C times it, a normal number) is lost with them. Below
-    sqrt(tiny), where those terms are at most C sqrt(tiny) of s, such a row sums the others
-    scaled by 1 / sqrt(tiny) (``_unflush_exponent``), only when some row needs it (``lax.cond``,
-    from the logits: an N x C operand formed for it would cost every call a pass over memory,
-    measured).
-    """
-    scale = _unflush_exponent(s.dtype)
-    tiny = (s < math.exp(-scale)) & at_top
-
-    def rescaled(z, z_top, s, tiny):
-        shifted = z - z_top
-        scaled = jnp.sum(
-            jnp.where(shifted < 0.0, jnp.exp(shifted + scale), 0.0), axis=-1, keepdims=True
-        )
-        # + (e_y - 1): 0, with the derivative of the top's e (as in sum(e - floor(e)))
-        e_y = jnp.exp(_at(shifted, y)[..., None])
-        return jnp.where(tiny, scaled * math.exp(-scale) + (e_y - 1.0), s)
-
-    return jax.lax.cond(jnp.any(tiny), rescaled, lambda z, z_top, s, tiny: s, z, z_top, s, tiny)
-
-
 def _shifted_sums(z, y):
-    """e = exp(z - z_top), s = sum_{j != top} e_j, log1p(s) and 1 / (1 + s), for the class-index
-    fast paths with targets y (class axis last; s, log1p(s) and 1 / (1 + s) of shape [..., 1]).
+    """For the class-index fast paths with targets y (class axis last): the shifted logits
+    z - z_top, e_y = exp(z_y - z_top), s_y = sum_{j != y} exp(z_j - z_top) (the mass off the
+    target), s = sum_{j != top} exp(z_j - z_top) = s_y + (e_y - 1), log1p(s) and 1 / (1 + s),
+    each of shape [...] (one per row).
 
-    Neither the argmax nor a masked class sum: s = sum_c e_c - 1 is formed as sum_c (e_c -
-    floor(e_c)) when s < 1, where only the top has e = 1 (another would make sum(e) >= 2): it
-    contributes e - 1 = 0 exactly, and e's derivative, so s keeps full relative accuracy when it
-    is tiny; at s >= 1 the plain sum(e) - 1 keeps a few ULP (sum(e) >= 2: the subtraction is
-    exact). floor, not a select on z == z_top: XLA:CPU keeps that reduction as fast as the plain
-    sum (measured). The shift is a constant (stop_gradient: every result is invariant to it); the
-    derivatives of e, also at the top, carry everything, so the Hessians (forward mode over the
-    closed-form gradient) are right.
-
-    Rows of at most 32 classes take both sums in one pass, as the real and imaginary parts of
-    one complex sum (sum(e - floor(e)) + i sum(floor(e)): s = the first plus the count of tops
-    less 1, exact): XLA:CPU reduces complex numbers in a loop of its own that is faster on short
-    rows than its two float reductions (1.1x optax against 1.5x at 65536 x 10), and slower from
-    64 classes on. Skipping the second sum with a ``lax.cond`` where no row has its target on top
-    measured no gain at 4096 x 1000 and a loss on confident rows (1.8x optax against 1.4x: the
-    cond makes XLA form e in memory), so longer rows take both float sums always (2026-12-04).
-    Rows whose other classes are all flushed subnormals are summed again (``_unflushed``).
+    One pass over N x C (after the maximum): the sum of the other classes, without the target,
+    which needs neither the argmax nor a conditional. Then 1 - p_y = s_y / (1 + s) for every row,
+    never formed as 1 - p_y, and s is exact where it is tiny (the target on top: e_y = 1,
+    e_y - 1 = 0 exactly); where the target is not on top, s_y >= 1 (it holds the top) and the
+    sum keeps a few ULP. XLA flushes subnormal numbers to 0 (on the CPU too): where every other
+    class is below the smallest normal, their sum (up to C times it) would be lost with them, so
+    the terms are summed scaled by exp(K) (``_unflush_exponent``: every term stays at most
+    exp(K), the sum at most C exp(K), finite) and the sum scaled back: branch-free, no
+    recomputation, the same pass. The shift is a constant (stop_gradient: every result is
+    invariant to it); s_y and e_y are sums of the exps of the logits, so their derivatives carry
+    everything and the Hessians (forward mode over the closed-form gradient) are right.
     """
     # shift by the largest logit (a constant: the shift cancels in log p); a row of -inf gives NaN
     z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
     # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
     z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
     shifted = z - z_top
-    e = jnp.exp(shifted)
-    # (complex numbers exist in float32 and float64 only: a half dtype, where the test
-    # suite computes in it on purpose, takes the two sums)
-    if z.shape[-1] <= 32 and e.dtype in (jnp.float32, jnp.float64):
-        tops = jnp.floor(e)
-        both = jnp.sum(jax.lax.complex(e - tops, tops), axis=-1, keepdims=True)
-        s = jnp.real(both) + (jnp.imag(both) - 1.0)
-    else:
-        s_all = jnp.sum(e, axis=-1, keepdims=True) - 1.0
-        s_others = jnp.sum(e - jnp.floor(e), axis=-1, keepdims=True)
-        s = jnp.where(s_all < 1.0, s_others, s_all)
-    s = _unflushed(z, z_top, y, s, _at(shifted, y)[..., None] == 0.0)
+    # the others summed times 2^k (``_unflush_power``): exact scaling where the term is above
+    # 2^-k, exp(z - z_top + k ln 2) below (exact argument: Sterbenz), so no term that matters is
+    # flushed; one exp and one sum
+    power = _unflush_power(z.dtype)
+    shift = float(np.asarray(power * math.log(2.0), jnp.dtype(z.dtype)))
+    is_y = jnp.arange(z.shape[-1]) == y[..., None]
+    below = shifted < -shift
+    e = jnp.exp(jnp.where(below, shifted + shift, shifted)) * jnp.where(below, 1.0, 2.0**power)
+    s_y = jnp.sum(jnp.where(is_y, 0.0, e), axis=-1) * 2.0**-power
+    shifted_y = _at(shifted, y)
+    e_y = jnp.exp(shifted_y)
+    s = s_y + (e_y - 1.0)
     log1p_s = jnp.log1p(s)
-    return shifted, e, s, log1p_s, 1.0 / (1.0 + s)
+    return shifted, is_y, shifted_y, e_y, s_y, s, log1p_s, 1.0 / (1.0 + s)
 
 
 def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
@@ -237,25 +220,20 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
 
     The class sums collapse to class y: loss = -a_y (1 - p_y)^gamma log p_y; v is 0 except v_y,
     so the gradient is p_j v_y for j != y and -(1 - p_y) v_y at y; 0 where not `keep`, whatever
-    the logits. Only the row sums of ``_shifted_sums`` are N x C work; everything about the
-    target class is one value per row. With y at the top (z_y = z_top), 1 - p_y = s_y / (1 + s),
-    s_y = s - (e_y - 1) (= s, with the derivative of the true 1 - p_y), and
-      log(1 - p_y) = log s_y - log1p(s) where s < 1 (log1p(-p_y) at s >= 1, where they cancel),
-      phi_y = e_y log p_y / s_y  (-log1p(s) / s: -> -1),
+    the logits. Only the row sums of ``_shifted_sums`` are N x C work, and the gradient's one
+    pass; everything about the target class is one value per row. 1 - p_y = s_y / (1 + s) for
+    every row (s_y the mass off the target), and
+      log(1 - p_y) = log s_y - log1p(s) where p_y > 1/2 (e_y > s_y: only the top, s < 1;
+        log1p(-p_y) elsewhere, where the two logarithms would cancel, as spec),
+      phi_y = e_y log p_y / s_y  (-> -1 as s_y -> 0),
     where s_y < the smallest normal gives log(1 - p_y) = -inf: every term it enters is then
     O(s^(1 + gamma)), below the dtype's smallest normal, as in torch_impl.
     """
-    shifted, e, s, log1p_s, inverse = _shifted_sums(z, y)
-    s, log1p_s, inverse = s[..., 0], log1p_s[..., 0], inverse[..., 0]
-    is_y = jnp.arange(z.shape[-1]) == y[..., None]
-    shifted_y = _at(shifted, y)
-    e_y = _at(e, y)
+    shifted, is_y, shifted_y, e_y, s_y, s, log1p_s, inverse = _shifted_sums(z, y)
     log_p_y = shifted_y - log1p_s
     p_y = e_y * inverse
-    at_top = shifted_y == 0.0
-    s_y = s - (e_y - 1.0)
-    # 1 - p_y, free of cancellation where p_y is close to 1 (only at the top)
-    not_p_y = jnp.where(at_top, s_y * inverse, 1.0 - p_y)
+    # 1 - p_y, free of cancellation where p_y is close to 1
+    not_p_y = s_y * inverse
     if gamma == 0.0:
         # (1 - p)^0 = 1, also at p = 1
         focal_weight = jnp.ones_like(log_p_y)
@@ -264,18 +242,15 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
         # double wheres: log s_y at s_y = 0, phi's 0 log 0 and 0 / 0 stay out of the derivatives
         normal = s_y >= jnp.finfo(s.dtype).tiny
         log_s_y = jnp.where(normal, jnp.log(jnp.where(normal, s_y, 1.0)), -jnp.inf)
-        # from s_y at a top with s < 1 only: at s >= 1 the two logarithms cancel (as spec)
-        from_s = at_top & (s < 1.0)
+        # from s_y where p_y > 1/2 only: below, the two logarithms cancel (as spec)
+        from_s = e_y > s_y
         log_not_p = jnp.where(from_s, log_s_y - log1p_s, _log1m(jnp.where(from_s, 0.0, p_y)))
         # (1 - p)^gamma = exp(gamma log(1 - p))
         focal_weight = jnp.exp(gamma * log_not_p)
         positive = s_y > 0.0
-        phi_top = jnp.where(positive, e_y * log_p_y / jnp.where(positive, s_y, 1.0), -1.0)
-        rest = (p_y > 0.0) & ~at_top
-        phi_rest = jnp.where(
-            rest, jnp.where(rest, p_y * log_p_y, 0.0) / jnp.where(rest, not_p_y, 1.0), 0.0
-        )
-        phi = jnp.where(at_top, phi_top, phi_rest)
+        has_p = e_y > 0.0
+        p_log_p = jnp.where(has_p, e_y * jnp.where(has_p, log_p_y, 0.0), 0.0)
+        phi = jnp.where(positive, p_log_p / jnp.where(positive, s_y, 1.0), -1.0)
         v = a_y * focal_weight * (1.0 - gamma * phi)
     # 0 log 0 = 0: no target mass (zero weight) contributes nothing; NaN rows stay NaN;
     # d/da_y = -(1 - p_y)^gamma log p_y also at a_y = 0 (0 where p_y = 0)
@@ -284,7 +259,8 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
         a_y * focal_weight * jnp.where(no_p, 0.0, log_p_y)
         + jnp.where(no_p & (a_y != 0.0), -jnp.inf, 0.0)
     )
-    p = e * inverse[..., None]
+    # p_j = e_j / (1 + s), e_j formed again in the gradient's pass (not kept in memory)
+    p = jnp.exp(shifted) * inverse[..., None]
     grad = jnp.where(keep[..., None], v[..., None] * jnp.where(is_y, -not_p_y[..., None], p), 0.0)
     return loss, grad
 
