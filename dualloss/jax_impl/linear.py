@@ -93,6 +93,30 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing):
     return loss[:, 0], grad
 
 
+def _block_budget() -> int:
+    """Logit entries per row block, from the default device: 4M (16 MB in float32) on a CPU,
+    where a block fits the caches; 16M on an accelerator, where a block of at most 1/16 of
+    its memory (``memory_stats``' bytes_limit) buys taller matmuls (128 rows of a 128k
+    vocabulary: 64 MB per float32 block, under 0.1x the (8192, 128256) bfloat16 logits)."""
+    device = jax.devices()[0]
+    if device.platform == "cpu":
+        return 1 << 22
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit", 1 << 34)
+    return int(min(1 << 24, max(1 << 22, limit // 16 // 4)))
+
+
+def _dot(a, b, dtype):
+    """a @ b accumulated in `dtype` (float32 products and sums for bfloat16 operands)."""
+    return jnp.matmul(a, b, preferred_element_type=dtype)
+
+
+def _split(x, narrow):
+    """x (float32) as two parts of the `narrow` dtype whose sum is x to 2^-17 (bfloat16)."""
+    hi = x.astype(narrow)
+    return hi, (x - hi.astype(x.dtype)).astype(narrow)
+
+
 def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     """The per-row losses of logits = h w + b over blocks of rows (``lax.scan``) and, with
     `grad_loss` (per-row factors), the gradients of sum_i grad_loss_i l_i w.r.t. h, w and b.
@@ -108,7 +132,14 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     dtype = _compute_dtype(h.dtype)
     num_rows, size = h.shape
     num_classes = w.shape[1]
-    w = w.astype(dtype)
+    # bfloat16 hidden and weight: the matmuls take them as they are, products accumulated in
+    # float32 (preferred_element_type: the tensor cores' path, and no float32 copy of the (H, V)
+    # weight); the float32 gradient G enters as two bfloat16 parts, G = hi + lo (hi + lo carries
+    # 16 bits: 2^-17 of G, far below bfloat16's rounding of dh and dw). float16 keeps the
+    # float32 path (its range would flush G).
+    narrow = h.dtype == w.dtype == jnp.bfloat16
+    if not narrow:
+        w = w.astype(dtype)
     b = None if b is None else b.astype(dtype)
     weights = jnp.ones(num_classes, dtype) if class_weight is None else class_weight
     num_blocks = -(-num_rows // rows)
@@ -125,8 +156,8 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     def step(carry, x):
         h_block, y_block, a_block, kept_block, scale_block = x
         # ignored rows enter with hidden 0: their loss and gradient are 0, NaN features included
-        h_block = jnp.where(kept_block[:, None] > 0.0, h_block.astype(dtype), 0.0)
-        z = h_block @ w
+        h_block = jnp.where(kept_block[:, None] > 0.0, h_block.astype(w.dtype), 0.0)
+        z = _dot(h_block, w, dtype)
         if b is not None:
             z = z + b
         if gamma != 0.0 and label_smoothing != 0.0:
@@ -144,9 +175,11 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
             return carry, (loss, None)
         grad = grad * scale_block[:, None]
         dw, db = carry
-        dw = dw + h_block.T @ grad
+        parts = _split(grad, w.dtype) if narrow else (grad,)
+        dw = dw + sum(_dot(h_block.T, part, dtype) for part in parts)
         db = None if db is None else db + jnp.sum(grad, axis=0)
-        return (dw, db), (loss, (grad @ w.T).astype(h.dtype))
+        dh = sum(_dot(part, w.T, dtype) for part in parts)
+        return (dw, db), (loss, dh.astype(h.dtype))
 
     init = None
     if with_grad:
@@ -292,7 +325,7 @@ def _linear_softmax(
     if chunk_size is None:
         # the dense path (focal with label smoothing) holds ~8 temporaries per block
         dense = is_focal and gamma != 0.0 and label_smoothing != 0.0
-        budget = (1 << 19) if dense else (1 << 22)
+        budget = (1 << 19) if dense else _block_budget()
         chunk_size = _checks.default_chunk_size(h.shape[0], num_classes, budget)
     rows = min(chunk_size, max(h.shape[0], 1))
     dtypes = (linear_weight.dtype, None if bias is None else bias.dtype)
