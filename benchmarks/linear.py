@@ -6,6 +6,15 @@
     python -m benchmarks.linear --json out.json
     python -m benchmarks.linear --pairs 40 --shape 2048,256,32000   # torch ours/unfused ratio
     python -m benchmarks.linear --plot docs/linear-memory.png   # memory against V (minutes)
+    python -m benchmarks.linear --llm                # GPU only: the LLM head in bfloat16
+
+LLM head (``--llm``, issue 27; opt-in, sized for a GPU, never run on the CPU by default): JAX
+only, bfloat16, forward+backward, each method in a fresh process (so that the device's
+``memory_stats()`` peak is its own): the fused linear losses at (N, H, V) = (8192, 4096, 128256)
+against the unfused optax head (``hidden @ weight`` in bfloat16, then
+``optax.softmax_cross_entropy_with_integer_labels``) and ``tokamax``'s linear softmax cross
+entropy where it imports, and the softmax cross entropy on (8192, 128256) bfloat16 logits
+against optax. Peak bytes beyond the inputs as a multiple of the bfloat16 logits' bytes.
 
 Time (median of --reps forward+backward calls after one warm-up, same process, same inputs):
 torch: ours (``torch_impl.linear_softmax_cross_entropy``), torch's chunked
@@ -200,6 +209,105 @@ def jax_times(n, h, v, reps):
     return {m: statistics.median(t) for m, t in times.items()}
 
 
+LLM_LINEAR = (8192, 4096, 128256)
+LLM_LOGITS = (8192, 128256)
+LLM_METHODS = ("linear_ours", "linear_ours_focal", "linear_unfused", "linear_tokamax",
+               "logits_ours", "logits_optax")  # fmt: skip
+
+
+def _llm_function(method):
+    """(jitted value_and_grad, its arguments) of one LLM-head method, bfloat16 inputs."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    from dualloss import jax_impl
+
+    n, h, v = LLM_LINEAR
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    targets = jax.random.randint(keys[2], (n,), 0, v)
+    if method.startswith("logits_"):
+        logits = (2.0 * jax.random.normal(keys[0], LLM_LOGITS, jnp.float32)).astype(jnp.bfloat16)
+        fn = {
+            "logits_ours": lambda z: jax_impl.softmax_cross_entropy(z, targets),
+            "logits_optax": lambda z: optax.softmax_cross_entropy_with_integer_labels(
+                z, targets
+            ).mean(),
+        }[method]
+        return jax.jit(jax.value_and_grad(fn)), (logits,)
+    hidden = jax.random.normal(keys[0], (n, h), jnp.bfloat16)
+    weight = (jax.random.normal(keys[1], (h, v), jnp.float32) / h**0.5).astype(jnp.bfloat16)
+    if method == "linear_tokamax":
+        import tokamax  # optional: absent where it does not install
+
+        def fn(x, w):
+            return tokamax.linear_softmax_cross_entropy_loss(x, targets, w, reduction="mean")
+    else:
+        fn = {
+            "linear_ours": lambda x, w: jax_impl.linear_softmax_cross_entropy(x, w, targets),
+            "linear_ours_focal": lambda x, w: jax_impl.linear_softmax_focal_loss(
+                x, w, targets, gamma=2.0
+            ),
+            "linear_unfused": lambda x, w: optax.softmax_cross_entropy_with_integer_labels(
+                x @ w, targets
+            ).mean(),
+        }[method]
+    return jax.jit(jax.value_and_grad(fn, argnums=(0, 1))), (hidden, weight)
+
+
+def llm_one(method, reps):
+    """One method in this process: median seconds, peak device bytes beyond the inputs
+    (``memory_stats``) and XLA's temp bytes, as a JSON line."""
+    import jax
+
+    fn, args = _llm_function(method)
+    jax.block_until_ready(args)
+    device = jax.devices()[0]
+    base = (device.memory_stats() or {}).get("bytes_in_use", 0)
+    temp = fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    peak = (device.memory_stats() or {}).get("peak_bytes_in_use")
+    n, v = LLM_LOGITS
+    print(json.dumps({
+        "method": method, "seconds": statistics.median(times), "temp_bytes": temp,
+        "peak_beyond_inputs_bytes": None if peak is None else peak - base,
+        "logits_bytes": n * v * 2, "device": str(device),
+    }))  # fmt: skip
+
+
+def llm(reps):
+    """Every LLM-head method in a fresh process; prints a table and returns the rows."""
+    rows = []
+    for method in LLM_METHODS:
+        done = subprocess.run(
+            [sys.executable, "-m", "benchmarks.linear", "--llm-one", method, "--reps", str(reps)],
+            capture_output=True, text=True, timeout=600,
+        )  # fmt: skip
+        lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
+        if done.returncode != 0 or not lines:
+            tail = (done.stderr.strip().splitlines() or ["?"])[-1][:160]
+            print(f"  {method:18s} failed: {tail}")
+            rows.append({"method": method, "error": tail})
+            continue
+        row = json.loads(lines[-1])
+        rows.append(row)
+        peak = row["peak_beyond_inputs_bytes"]
+        peak_text = "n/a" if peak is None else f"{peak / row['logits_bytes']:.3f}x logits"
+        print(f"  {method:18s} {row['seconds'] * 1e3:9.2f} ms  peak beyond inputs {peak_text}  "
+              f"XLA temp {row['temp_bytes'] / row['logits_bytes']:.3f}x logits")  # fmt: skip
+    by = {r["method"]: r for r in rows if "seconds" in r}
+    for a, b in (("linear_ours", "linear_unfused"), ("linear_ours", "linear_tokamax"),
+                 ("logits_ours", "logits_optax")):  # fmt: skip
+        if a in by and b in by:
+            print(f"  {a} / {b}: {by[a]['seconds'] / by[b]['seconds']:.2f}")
+    return rows
+
+
 def _load():
     return "load {:.1f} {:.1f} {:.1f}".format(*os.getloadavg())
 
@@ -334,6 +442,9 @@ def main(argv=None):
     parser.add_argument("--tiny", action="store_true", help="(64, 16, 500), one repetition")
     parser.add_argument("--big", action="store_true", help="also memory at (8192, 512, 128000)")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--llm", action="store_true",
+                        help="GPU only: the LLM head (8192, 4096, 128256) in bfloat16")  # fmt: skip
+    parser.add_argument("--llm-one", choices=LLM_METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--pairs", type=int, default=0,
                         help="time only: this many interleaved pairs of torch ours and unfused, "
@@ -343,6 +454,15 @@ def main(argv=None):
     parser.add_argument("--plot-rows", type=int, default=4096, help="N of the sweep")
     parser.add_argument("--plot-hidden", type=int, default=256, help="H of the sweep")
     args = parser.parse_args(argv)
+    if args.llm_one:
+        llm_one(args.llm_one, args.reps)
+        return
+    if args.llm:
+        rows = llm(args.reps)
+        if args.json:
+            with open(args.json, "w") as out:
+                json.dump(rows, out, indent=1)
+        return
     if args.plot:
         sweep = memory_sweep(args.plot_rows, args.plot_hidden)
         plot_memory(sweep, args.plot)

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # The GPU checks of one device session, in one call (docs/devices.md, "First GPU run"):
 #   the smoke test, tests/test_devices.py with full tracebacks (the open host-sync failure),
-#   the benchmark at three shapes, and the launch profile of the torch losses.
+#   the benchmark at three shapes, the launch profile of the torch losses, the JAX losses' compiled
+#   programs on the GPU (no conditional/while/host transfer; a jitted training step under
+#   jax.transfer_guard("disallow")), and the LLM head in bfloat16 (benchmarks.linear --llm).
 # Run from the repository root on a GPU machine where torch (CUDA) and jax (CUDA) are installed;
 # a missing package (kornia, for the benchmark's focal peer) comes as wheels in .whl/, installed
 # first when present. Writes everything under ${OUT:-gpu-check}/; about 7-8 minutes on an H200
-# (smoke 2.5, tests 1.5, benchmark 3, profile 0.5).
+# (smoke 2.5, tests 1.5, benchmark 3, profile 0.5) plus the JAX checks (1) and the LLM head (3,
+# not yet timed on a GPU).
 set -uo pipefail
 out="${OUT:-gpu-check}"
 mkdir -p "$out"
@@ -27,3 +30,8 @@ timeout 170 python3 -m benchmarks.run --device gpu:0 --shapes 4096x1000,65536x10
 grep -E "^\| (torch|jax) \| (softmax|sigmoid)_[a-z_]+ \| 4096x1000" "$out/bench.txt"
 timeout 90 python3 -m dev.gpu_profile --device gpu:0 > "$out/profile.txt" 2>&1
 grep "ms/call" "$out/profile.txt"
+timeout 120 python3 -m pytest tests/test_jax_hlo.py -q -p no:cacheprovider --tb=short -rf \
+    -k "transfer_guard or control_flow or loop_over_blocks" > "$out/jax_hlo.txt" 2>&1
+tail -3 "$out/jax_hlo.txt"
+timeout 240 python3 -m benchmarks.linear --llm --reps 5 --json "$out/llm.json" > "$out/llm.txt" 2>&1
+cat "$out/llm.txt"

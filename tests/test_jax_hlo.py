@@ -170,3 +170,30 @@ def test_fused_linear_losses_keep_only_their_loop_over_blocks(loss):
     assert flow["conditional"] == 0 and flow["host"] == 0, flow
     # one scan in the forward (the losses) and one in the backward at most
     assert 1 <= flow["while"] <= 2, flow
+
+
+def test_jitted_training_step_runs_under_transfer_guard_disallow():
+    """A jitted step (loss, gradient, SGD update) with the arrays already on the device makes
+    no host transfer: ``jax.transfer_guard("disallow")`` raises on any implicit one."""
+    z, y, p, m = _inputs(64, 32)
+    w = jnp.asarray(np.random.default_rng(1).normal(size=(32, 32)) * 0.1, jnp.float32)
+    losses = {
+        "softmax_cross_entropy": (jax_impl.softmax_cross_entropy, y),
+        "softmax_focal_loss": (jax_impl.softmax_focal_loss, y),
+        "softmax_cross_entropy_prob": (jax_impl.softmax_cross_entropy, p),
+        "sigmoid_cross_entropy": (jax_impl.sigmoid_cross_entropy, m),
+        "sigmoid_focal_loss": (jax_impl.sigmoid_focal_loss, m),
+    }
+    for name, (loss, target) in losses.items():
+
+        @jax.jit
+        def step(w, x, t, loss=loss):
+            value, grad = jax.value_and_grad(lambda w: loss(x @ w, t))(w)
+            return w - 0.1 * grad, value
+
+        jax.block_until_ready(step(w, z, target))  # compile and place outside the guard
+        with jax.transfer_guard("disallow"):
+            new_w, value = step(w, z, target)
+            new_w, value = step(new_w, z, target)
+            jax.block_until_ready((new_w, value))
+        assert bool(jnp.isfinite(value)), name
