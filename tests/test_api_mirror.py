@@ -90,6 +90,8 @@ BACKEND_EXTRAS = {
         # the gather path for class-index targets
         "_at", "_shifted_sums", "_softmax_focal_terms_at",
         "_softmax_cross_entropy_terms_at",
+        # bfloat16 matmuls accumulated in float32 and row blocks sized from the device (linear)
+        "_dot", "_split", "_block_budget",
         # closed-form tangents along the targets and alpha (the targets' one exact where
         # 1 - p_t is below the smallest normal: log softplus without underflow)
         "_sigmoid_focal_other_tangent", "_sigmoid_focal_targets_tangent", "_log_softplus",
