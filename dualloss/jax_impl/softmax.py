@@ -64,10 +64,12 @@ def _unflush_exponent(dtype) -> float:
     return -0.5 * math.log(float(jnp.finfo(dtype).tiny))
 
 
-# k with k ln 2 closest to a number of the dtype (2.9e-17 off in float64, 4.6e-8 in float32:
-# 0.26 and 0.77 of the unit roundoff), large enough that exp(z + k ln 2) of every class that
-# matters to a row's sum is normal (terms down to exp(-104) in float32, exp(-750) in float64)
-_UNFLUSH_POWER = {"float32": 24, "float64": 61}
+# k with K = k ln 2 in the dtype's binade [32, 64) (float32) or [256, 512) (float64), where
+# fl(K) is closest to k ln 2 (1.8 and 1.8 unit roundoffs off): z - z_top + K is then exact for
+# every term from exp(-2K) (Sterbenz) down to exp(-(64 + K)) = exp(-102.8) in float32 (and
+# exp(-808) in float64), below which a term cannot matter to a normal row sum of up to 5e6
+# classes; C 2^k stays finite.
+_UNFLUSH_POWER = {"float32": 56, "float64": 427}
 
 
 def _unflush_power(dtype) -> int:
