@@ -30,9 +30,10 @@ FEATURES = {
     "masked": "masked classes (-inf logits)",
     "soft": "soft targets (strictly between 0 and 1)",
 }
-# the order of consequence (issue 31): non-finite, wrong at the result's scale, raised on a
-# supported feature, then accuracy below the result's scale (what only a few-ULP tolerance sees)
-CONSEQUENCE = ("non-finite", "wrong at the result's scale", "error", "accuracy")
+# the order of consequence (issue 31): non-finite, wrong at the result's scale, writes its input
+# (issue 28: the caller's logits or targets are garbage afterwards), raised on a supported
+# feature, then accuracy below the result's scale (what only a few-ULP tolerance sees)
+CONSEQUENCE = ("non-finite", "wrong at the result's scale", "writes input", "error", "accuracy")
 # a gradient w.r.t. targets or an option the candidate takes that autodiff could not give
 GRAD_PREFIX = "grad:"
 
@@ -202,7 +203,7 @@ def _signature(hazard: Hazard) -> tuple:
     if consequence == "non-finite":
         subject, _, rest = problem.partition(" is ")
         return (consequence, subject, rest.split(" ")[0])
-    if consequence == "error":
+    if consequence in ("error", "writes input"):
         return (consequence, problem[:80])
     return (consequence,)
 

@@ -81,6 +81,8 @@ from .tolerance import (
 REGIONS = losses.LINEAR_REGIONS
 NAMES = losses.LINEAR_NAMES
 WRT = ("hidden", "linear_weight", "bias")
+# the positional arguments of a candidate, as the input guard names them
+ARGS = ("hidden", "linear_weight", "targets", "bias")
 HALF = ("float16", "bfloat16")
 # (N, H, V) per level: small enough for a 2-core CPU, V prime (no block divides it evenly)
 SHAPES = {"quick": ((45, 16, 97),), "full": ((45, 16, 97), (130, 24, 1031))}
@@ -300,6 +302,7 @@ class Outcome:
     grads: dict = field(default_factory=dict)  # spec layout, float64
     error: str | None = None
     dtypes: tuple = ()  # of the value and the gradients, as the candidate returned them
+    written: tuple = ()  # the inputs the call changed (``backends.fingerprints``)
 
 
 def _backend_arrays(prep: Prepared, backend: str, device):
@@ -336,6 +339,8 @@ def run(fn, backend: str, prep: Prepared, device: Any = "cpu", jit: bool = False
             import torch
 
             args, leaves = _backend_arrays(prep, backend, device)
+            inputs = dict(zip(ARGS, args, strict=False))
+            before = B.fingerprints(inputs, backend)
             out = fn(*args)
             if not isinstance(out, torch.Tensor):
                 out = torch.as_tensor(out)
@@ -346,6 +351,7 @@ def run(fn, backend: str, prep: Prepared, device: Any = "cpu", jit: bool = False
             grads = [torch.zeros_like(x) if g is None else g for x, g in pairs]
             dtypes = tuple(str(x.dtype).replace("torch.", "") for x in (out, *grads))
             grads[1] = grads[1].T
+            written = B.changed(before, inputs, backend)
             value = out.detach().to(torch.float64).cpu().numpy()
             grads = [g.detach().to(torch.float64).cpu().numpy() for g in grads]
         else:
@@ -354,6 +360,8 @@ def run(fn, backend: str, prep: Prepared, device: Any = "cpu", jit: bool = False
 
             with jax.enable_x64(prep.dtype == "float64" or bool(jax.config.jax_enable_x64)):
                 args, leaves = _backend_arrays(prep, backend, device)
+                inputs = dict(zip(ARGS, args, strict=False))
+                before = B.fingerprints(inputs, backend)
                 targets = args[2]
                 if jit:
                     # one jitted function per candidate: the shapes share it
@@ -373,9 +381,11 @@ def run(fn, backend: str, prep: Prepared, device: Any = "cpu", jit: bool = False
                 dtypes = tuple(str(x.dtype) for x in (value, *grads))
                 value = np.asarray(value).astype(np.float64)
                 grads = [np.asarray(g).astype(np.float64) for g in grads]
+                written = B.changed(before, inputs, backend)
     except Exception as error:  # noqa: BLE001 - a crash is a finding, reported as such
         return Outcome(error=f"{type(error).__name__}: {error}".splitlines()[0][:300])
-    return Outcome(value=value, grads=dict(zip(names, grads, strict=True)), dtypes=dtypes)
+    return Outcome(value=value, grads=dict(zip(names, grads, strict=True)), dtypes=dtypes,
+                   written=written)  # fmt: skip
 
 
 def ours(backend: str, loss: str, options: dict, reduction: str):
@@ -552,6 +562,8 @@ def evaluate(fn, backend, loss, prep, device="cpu", jit=False, standard="strict"
     except Exception as error:  # noqa: BLE001 - e.g. a wrong output shape
         outcome.error = f"could not judge the output: {type(error).__name__}: {error}"
         return "error", None, outcome
+    if outcome.written:
+        return "writes input", judgement, outcome
     return judgement.kind, judgement, outcome
 
 
@@ -614,6 +626,7 @@ def _failure(name, imports, call, fn, backend, loss, prep, label, mode, dev, kin
     """The failure of the whole case (its problems, at their real size), reproduced by the
     first of the case's first 16 rows that fails the same way (else by the whole case)."""
     problems = judgement.problems if judgement is not None else [outcome.error or "failed"]
+    problems = [f"{B.WRITTEN} {n} (it differs after the call)" for n in outcome.written] + problems
     loss = prep.case.info
     small = prep
     for i in range(min(prep.hidden.shape[0], 16) if prep.hidden.shape[0] > 1 else 0):
@@ -821,7 +834,7 @@ def check(
             hazards[key] = Hazard(failure, case.region, 1, [dtype])
         if hazards and stop_at_first:
             break
-    order = {"non-finite": 0, "accuracy": 1, "error": 2}
+    order = {"non-finite": 0, "writes input": 1, "accuracy": 2, "error": 3}
     report.hazards = sorted(hazards.values(), key=lambda h: order.get(h.failure.kind, 3))
     if report.cases_judged == 0 and not report.hazards:
         report.notes.append("nothing was judged: every case used a feature the candidate lacks")

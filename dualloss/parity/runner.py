@@ -21,6 +21,9 @@ from .cases import LOSSES, Case, make_cases
 from .tolerance import judge as _judge
 from .tolerance import ulp
 
+# the kinds of a call that was judged (the others: error, compile-error, skipped)
+JUDGED = ("ok", "non-finite", "accuracy", "writes input")
+
 
 @dataclass
 class Record:
@@ -110,7 +113,7 @@ class RunResult:
 
     @property
     def judged(self) -> int:
-        return sum(r.kind in ("ok", "non-finite", "accuracy") for r in self.records)
+        return sum(r.kind in JUDGED for r in self.records)
 
     @property
     def ok(self) -> bool:
@@ -189,6 +192,9 @@ def evaluate(
     except Exception as error:  # noqa: BLE001 - e.g. a wrong output shape
         outcome.error = f"could not judge the output: {type(error).__name__}: {error}"
         return "error", None, outcome
+    if outcome.written:
+        # a hazard of its own kind whatever the value (a user reads the input afterwards)
+        return "writes input", judgement, outcome
     return judgement.kind, judgement, outcome
 
 
@@ -226,6 +232,12 @@ def make_failure(impl, prep, device_label, mode, kind, judgement, outcome) -> Fa
     else:
         problems = [outcome.error or "failed"]
         expected_value = received_value = expected_grad = received_grad = None
+    written = getattr(outcome, "written", ())
+    problems = [
+        f"{B.WRITTEN} {name} (it differs after the call: a caller who reads it "
+        "afterwards reads what the loss left there)"
+        for name in written
+    ] + problems
     return Failure(
         kind=kind,
         loss=prep.case.loss,
@@ -243,7 +255,7 @@ def make_failure(impl, prep, device_label, mode, kind, judgement, outcome) -> Fa
         received_value=received_value,
         expected_grad=expected_grad,
         received_grad=received_grad,
-        reproducer=B.reproducer(impl, prep, device_label),
+        reproducer=B.reproducer(impl, prep, device_label, written=written),
         scaled_error=0.0 if judgement is None else judgement.scaled_error,
     )
 
@@ -460,7 +472,7 @@ def run_matrix(
                     )
     bar.close()
     judged = {(r.impl, r.loss, r.device, r.mode) for r in result.records
-              if r.kind in ("ok", "non-finite", "accuracy")}  # fmt: skip
+              if r.kind in JUDGED}  # fmt: skip
     for impl, label, _, mode in plan:
         if (impl.name, impl.loss, label, mode) in judged:
             continue
