@@ -107,3 +107,52 @@ def test_the_fused_linear_check_guards_its_inputs_too():
     problems = [p for f in report.failures for p in f.problems]
     assert any(p.startswith("writes its input hidden") for p in problems), report
     assert {f.kind for f in report.failures} >= {"writes input"}
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 1: one allowance for every judged quantity
+# ----------------------------------------------------------------------------------------------
+
+
+def torchvision_sigmoid_focal(inputs, targets, gamma=2.0):
+    """torchvision.ops.sigmoid_focal_loss's formula (alpha < 0: no alpha), reduction 'none'."""
+    p = torch.sigmoid(inputs)
+    ce_loss = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
+    p_t = p * targets + (1 - p) * (1 - targets)
+    return ce_loss * ((1 - p_t) ** gamma)
+
+
+def test_the_target_gradient_gets_the_allowance_the_value_gets():
+    # the issue's element: x = -20, t = 0, float64; 1 - p_t formed from p_t is off by a relative
+    # u / p = 6e-8, which the value was forgiven and the target gradient was not
+    from dualloss.parity import judge
+
+    x = torch.tensor([[-20.0]], dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([[0.0]], dtype=torch.float64, requires_grad=True)
+    y = torchvision_sigmoid_focal(x, t)
+    y.sum().backward()
+    assert t.grad.item() == 9.346378754814526e-17  # the issue's number: the same computation
+    options = {"gamma": 2.0, "reduction": "none"}
+    judgement = judge("sigmoid_focal_loss", x.detach().numpy(), t.detach().numpy(), options,
+                      "float64", y.detach().numpy(), x.grad.numpy(), standard="practical",
+                      input_grads={"targets": t.grad.numpy()})  # fmt: skip
+    assert judgement.ok, judgement.inaccurate
+    report = check(torchvision_sigmoid_focal, "sigmoid_focal_loss", backend="torch",
+                   dtypes=["float64", "float32"], options=options, max_examples=20)  # fmt: skip
+    assert report.ok, report
+    assert report.judged_grads.get("targets", 0) > 0
+
+
+def test_the_allowance_does_not_forgive_a_wrong_target_gradient():
+    # the same loss with (1 - p_t) ** gamma detached from the targets: its target gradient
+    # lacks the focal term's derivative, wrong at its own scale wherever p_t is not near 1
+    def detached_weight(inputs, targets, gamma=2.0):
+        p = torch.sigmoid(inputs)
+        ce_loss = F.binary_cross_entropy_with_logits(inputs, targets, reduction="none")
+        p_t = p * targets.detach() + (1 - p) * (1 - targets.detach())
+        return ce_loss * ((1 - p_t) ** gamma)
+
+    report = check(detached_weight, "sigmoid_focal_loss", backend="torch", dtypes=["float64"],
+                   options={"gamma": 2.0, "reduction": "none"}, max_examples=0)  # fmt: skip
+    problems = [p for f in report.failures for p in f.problems]
+    assert problems and any(p.startswith("gradient w.r.t. targets") for p in problems), report
