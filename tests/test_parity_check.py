@@ -193,7 +193,7 @@ def test_index_only_candidate_is_judged_on_the_rest():
     report = check(index_targets_only, "softmax_cross_entropy", backend="torch", **FAST)
     assert set(report.unsupported) == {"prob"}
     assert report.cases_judged > 20
-    assert "probability targets: TypeError: class-index targets only" in str(report)
+    assert "unsupported: probability targets (TypeError: class-index targets only)" in str(report)
 
 
 def test_nan_on_a_feature_is_a_hazard_not_unsupported():

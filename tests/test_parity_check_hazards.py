@@ -156,3 +156,64 @@ def test_the_allowance_does_not_forgive_a_wrong_target_gradient():
                    options={"gamma": 2.0, "reduction": "none"}, max_examples=0)  # fmt: skip
     problems = [p for f in report.failures for p in f.problems]
     assert problems and any(p.startswith("gradient w.r.t. targets") for p in problems), report
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 2: an honest refusal of a whole feature is "unsupported", a crash stays a failure
+# ----------------------------------------------------------------------------------------------
+
+
+def flat_only(logits, targets):
+    """Supports (N, C) only, and says so."""
+    if logits.dim() != 2:
+        raise ValueError(f"flat_only supports (N, C) logits only; got shape {tuple(logits.shape)}")
+    return F.cross_entropy(logits, targets)
+
+
+def test_a_clear_refusal_of_spatial_input_is_unsupported_not_a_failure():
+    # (F.cross_entropy's own NaN at -inf logits with probability targets is left out)
+    report = check(flat_only, "softmax_cross_entropy", backend="torch",
+                   skip=("masked", "masked_soft"), **FAST)  # fmt: skip
+    assert report.ok, report
+    assert set(report.unsupported) == {"spatial"}, report
+    text = str(report)
+    assert "unsupported: spatial (ValueError: flat_only supports (N, C) logits only" in text
+    assert "reproduce: " in report.unsupported["spatial"]
+
+    # one that takes the spatial probe, then crashes on spatial cases with ignored labels: a
+    # crash on a supported feature stays a failure
+    def crashes_on_spatial_ignored(logits, targets):
+        if logits.dim() > 2 and bool((targets == -100).any()):
+            raise IndexError("index -100 is out of bounds")
+        return F.cross_entropy(logits, targets)
+
+    crash = check(crashes_on_spatial_ignored, "softmax_cross_entropy", backend="torch", **FAST)
+    assert "spatial" not in crash.unsupported
+    assert ("error", "spatial") in {(h.failure.kind, h.region) for h in crash.hazards}, crash
+
+
+def test_a_sigmoid_loss_refusing_spatial_input_is_unsupported():
+    def flat_bce(x, t):
+        if x.dim() != 2:
+            raise NotImplementedError("2-D inputs only")
+        return F.binary_cross_entropy_with_logits(x, t)
+
+    report = check(flat_bce, "sigmoid_cross_entropy", backend="torch", **FAST)
+    assert report.ok and set(report.unsupported) == {"spatial"}, report
+
+
+def test_an_option_the_candidate_refuses_is_unsupported_by_name():
+    def no_smoothing(logits, targets, label_smoothing=0.0):
+        if float(label_smoothing) != 0.0:
+            raise NotImplementedError("label_smoothing is not implemented")
+        return F.cross_entropy(logits, targets)
+
+    report = check(no_smoothing, "softmax_cross_entropy", backend="torch",
+                   options={"label_smoothing": 0.1}, **FAST)  # fmt: skip
+    assert "option:label_smoothing" in report.unsupported, report
+    assert not report.hazards, report  # a refusal, not a failure; and nothing judged: not OK
+    assert not report.ok
+    assert (
+        "unsupported: option label_smoothing (NotImplementedError: label_smoothing is not"
+        in str(report)
+    )

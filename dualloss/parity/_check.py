@@ -48,7 +48,7 @@ from .. import losses
 from . import backends as B
 from . import devices as D
 from .cases import DTYPE_MAX, Case, make_cases
-from .findings import GRAD_PREFIX, UNNAMED_NOTE, CheckReport, Hazard, _name_of
+from .findings import GRAD_PREFIX, OPTION_PREFIX, UNNAMED_NOTE, CheckReport, Hazard, _name_of
 from .linear import check as check_linear
 from .runner import Failure, evaluate, make_failure, minimise
 from .tolerance import STANDARDS
@@ -229,6 +229,8 @@ def fits(case: Case, options: dict) -> bool:
 def features(case: Case, options: dict) -> frozenset[str]:
     """The features (keys of ``FEATURES``) that `case` uses."""
     used = set()
+    if case.logits.ndim > 2:
+        used.add("spatial")
     if case.info.is_softmax:
         if case.index_targets:
             used.add("index")
@@ -275,9 +277,11 @@ def probes(reference, options: dict, binary: bool = False) -> dict[str, Case]:
                     dict(options))  # fmt: skip
 
     if not info.is_softmax:
-        out = {"plain": case("plain", z, (rng.random((4, 5)) < 0.5).astype(float))}
+        hard = (rng.random((4, 5)) < 0.5).astype(float)
+        out = {"plain": case("plain", z, hard)}
         if not binary:
             out["soft"] = case("soft", z, np.resize([0.25, 0.5, 0.75, 0.0, 1.0], (4, 5)))
+        out["spatial"] = case("spatial", z.reshape(2, 2, 5), hard.reshape(2, 2, 5))
         return out
     ignore_index = options.get("ignore_index", -100)
     index = np.array([0, 1, 2, 3])
@@ -285,6 +289,9 @@ def probes(reference, options: dict, binary: bool = False) -> dict[str, Case]:
     masked_z = z.copy()
     masked_z[0, 4] = masked_z[1, [0, 2]] = masked_z[2, [1, 3, 4]] = -np.inf
     return {
+        # (2, 2) positions of 5 classes: the class axis last here, second for torch
+        "spatial": case("spatial", z.reshape(2, 2, 5), index.reshape(2, 2)),
+        "spatial_prob": case("spatial", z.reshape(2, 2, 5), prob.reshape(2, 2, 5)),
         "index": case("index", z, index),
         "prob": case("prob", z, prob),
         "ignored": case("ignored", z, np.where(index == 1, ignore_index, index)),
@@ -302,10 +309,17 @@ def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
         return Case(info, "probe", name, np.asarray(logits, float), np.asarray(targets),
                     dict(options))  # fmt: skip
 
+    # a spatial probe where the options fix no element-wise shape: (2, n / 2) positions
+    spatial = n % 2 == 0 and not any(
+        o.kind == "elementwise" and np.ndim(options.get(o.name)) > 0 for o in info.options
+    )
     if not info.is_softmax:
-        out = {"plain": case("plain", z, (rng.random((n, c)) < 0.5).astype(float))}
+        hard = (rng.random((n, c)) < 0.5).astype(float)
+        out = {"plain": case("plain", z, hard)}
         if not binary:
             out["soft"] = case("soft", z, np.resize([0.25, 0.5, 0.75, 0.0, 1.0], (n, c)))
+        if spatial:
+            out["spatial"] = case("spatial", z.reshape(2, n // 2, c), hard.reshape(2, n // 2, c))
         return out
     ignore_index = options.get("ignore_index", -100)
     index = np.arange(n) % c
@@ -313,7 +327,7 @@ def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
     prob = 0.75 * np.eye(c)[index] + 0.25 * np.eye(c)[(index + 1) % c]
     masked_z = np.where((np.arange(c) != index[:, None]) & (np.arange(c) % 2 == 1), -np.inf, z)
     ignored = np.where(np.arange(n) == min(1, n - 1), ignore_index, index)
-    return {
+    out = {
         "index": case("index", z, index),
         "prob": case("prob", z, prob),
         "ignored": case("ignored", z, ignored),
@@ -321,6 +335,10 @@ def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
         "masked": case("masked", masked_z, index),
         "masked_prob": case("masked", np.where(prob == 0.0, -np.inf, z), prob),
     }
+    if spatial:
+        out["spatial"] = case("spatial", z.reshape(2, n // 2, c), index.reshape(2, n // 2))
+        out["spatial_prob"] = case("spatial", z.reshape(2, n // 2, c), prob.reshape(2, n // 2, c))
+    return out
 
 
 def _validate(info, options: dict, skip, dtypes) -> list[str]:
@@ -500,6 +518,9 @@ def check(
         options = _for_dtype(user_options, takes, dtype)
         unsupported = _probe(impl, info, options, binary_targets, dtype, dev, jit, standard,
                              report)  # fmt: skip
+        if unsupported is None and _refused_options(impl, info, options, takes, binary_targets,
+                                                    dtype, dev, jit, standard, report):  # fmt: skip
+            continue  # an option it refuses: nothing with the user's options can be judged
         if unsupported is None:  # raised on every probe: nothing to judge
             prep = B.prepare(next(iter(probes(info, options).values())), dtype)
             kind, judgement, outcome = evaluate(impl, prep, dev, jit, standard)
@@ -582,13 +603,15 @@ def _probe(impl, info, options, binary, dtype, device, jit, standard, report):
         return None
     unsupported = set()
     if info.is_softmax:
-        # the masked probe runs on whichever targets the candidate takes
-        masked_probes = [n for n in ("masked", "masked_prob") if n in found]
-        if not any(n in worked for n in masked_probes):
-            raised.setdefault("masked", raised.get("masked_prob"))
-        else:
-            raised.pop("masked", None)
-        raised.pop("masked_prob", None)
+        # the masked and spatial probes run on whichever targets the candidate takes
+        for feature in ("masked", "spatial"):
+            both = [n for n in (feature, f"{feature}_prob") if n in found]
+            if not any(n in worked for n in both):
+                if feature in raised or f"{feature}_prob" in raised:
+                    raised.setdefault(feature, raised.get(f"{feature}_prob"))
+            else:
+                raised.pop(feature, None)
+            raised.pop(f"{feature}_prob", None)
         for name in ("ignored", "all_ignored"):
             if "index" in raised:
                 raised.pop(name, None)
@@ -601,6 +624,33 @@ def _probe(impl, info, options, binary, dtype, device, jit, standard, report):
     if info.is_softmax and "index" in unsupported:
         unsupported |= {"ignored", "all_ignored"}
     return frozenset(unsupported)
+
+
+def _refused_options(impl, info, options, takes, binary, dtype, device, jit, standard,
+                     report) -> bool:  # fmt: skip
+    """For a candidate that raised on every probe: the options it takes that it raises on, each
+    found by the plain probe working with that option at its neutral value (the record's
+    ``neutral``: 0 for label smoothing, None, left out, for a weight). Recorded in
+    `report.unsupported` as ``option:<name>`` with the message and a reproducer of the refusal;
+    True when there was one."""
+    plain = next(iter(probes(info, options, binary).values()))
+    found = False
+    for option in info.options:
+        name = option.name
+        if options.get(name) is None or name not in takes:
+            continue
+        without = dict(options, **{name: option.neutral})
+        prep = B.prepare(replace(plain, options=without), dtype)
+        if evaluate(impl, prep, device, jit, standard)[0] == "error":
+            continue
+        refused = B.prepare(plain, dtype)
+        error = evaluate(impl, refused, device, jit, standard)[2].error
+        key = OPTION_PREFIX + name
+        if key not in report.unsupported:
+            repro = B.reproducer(impl, refused, report.device)
+            report.unsupported[key] = f"{error}\n      reproduce: {repro}"
+        found = True
+    return found
 
 
 # ----------------------------------------------------------------------------------------------

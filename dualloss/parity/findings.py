@@ -29,7 +29,10 @@ FEATURES = {
     "all_ignored": "all-ignored batches",
     "masked": "masked classes (-inf logits)",
     "soft": "soft targets (strictly between 0 and 1)",
+    "spatial": "spatial layout (extra dims: (N, C, d1, ...) in torch, (N, d1, ..., C) in JAX)",
 }
+# an option the candidate takes and raises on (``check`` probes it at its neutral value)
+OPTION_PREFIX = "option:"
 # the order of consequence (issue 31): non-finite, wrong at the result's scale, writes its input
 # (issue 28: the caller's logits or targets are garbage afterwards), raised on a supported
 # feature, then accuracy below the result's scale (what only a few-ULP tolerance sees)
@@ -42,10 +45,36 @@ UNNAMED_NOTE = ("the reproducers call your function `candidate` (it has no name 
                 "bind it first, `candidate = <your function>`")  # fmt: skip
 
 
-def _feature_name(feature: str) -> str:
+# the short names of the features in the report's "unsupported: <feature> (<message>)"
+FEATURE_KEYS = {
+    "index": "class-index targets", "prob": "probability targets", "ignored": "ignored labels",
+    "all_ignored": "all-ignored batches", "masked": "masked classes (-inf logits)",
+    "soft": "soft targets", "spatial": "spatial",
+}  # fmt: skip
+
+
+def _feature_key(feature: str) -> str:
+    """The short name the report gives a feature: 'spatial', 'gradient w.r.t. weight', ..."""
     if feature.startswith(GRAD_PREFIX):
         return f"gradient w.r.t. {feature[len(GRAD_PREFIX) :]} not available"
-    return FEATURES[feature]
+    if feature.startswith(OPTION_PREFIX):
+        return f"option {feature[len(OPTION_PREFIX) :]}"
+    return FEATURE_KEYS.get(feature, feature)
+
+
+def unsupported_lines(unsupported: dict) -> list[str]:
+    """The report's section on what the candidate refused: "unsupported: <feature> (<its
+    message>)" per feature, then its reproducer."""
+    if not unsupported:
+        return []
+    lines = ["Unsupported by the candidate (a clear exception on the whole feature: those cases "
+             "were not judged; a crash on a supported feature is a failure above):"]  # fmt: skip
+    for feature, entry in unsupported.items():
+        message, _, rest = entry.partition("\n")
+        lines.append(f"  - unsupported: {_feature_key(feature)} ({message})")
+        if rest:
+            lines.append(rest)
+    return lines
 
 
 @dataclass
@@ -164,10 +193,7 @@ class CheckReport:
                 lines += _wrap(f"   only {scope}", "     ")
         if len(groups) < len(self.hazards):
             lines.append(f"note: {REPRODUCERS}")
-        if self.unsupported:
-            lines.append("Unsupported by the candidate (it raised; those cases were not judged):")
-            for feature, repro in self.unsupported.items():
-                lines.append(f"  - {_feature_name(feature)}: {repro}")
+        lines += unsupported_lines(self.unsupported)
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 

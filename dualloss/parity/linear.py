@@ -67,7 +67,7 @@ import numpy as np
 from .. import losses, spec
 from . import backends as B
 from . import devices as D
-from .findings import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain
+from .findings import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain, unsupported_lines
 from .runner import Record, _short
 from .tolerance import (
     SMALLEST_NORMAL,
@@ -684,10 +684,7 @@ class LinearCheckReport(CheckReport):
                          f"case {f.case}")  # fmt: skip
             lines += [f"   {p}" for p in f.problems[:4]]
             lines.append(f"   reproduce: {f.reproducer}")
-        if self.unsupported:
-            lines.append("Unsupported by the candidate (it raised; those cases were not judged):")
-            for feature, repro in self.unsupported.items():
-                lines.append(f"  - {FEATURES[feature]}: {repro}")
+        lines += unsupported_lines(self.unsupported)
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
