@@ -153,9 +153,11 @@ def test_textbook_focal_gamma_half_is_flagged():
 
 
 def test_nll_loss_of_log_softmax_passes():
-    # its mean over an all-ignored batch is torch's NaN: 0 / 0, accepted by the practical standard
+    # its mean over an all-ignored batch is torch's NaN (0 / 0): the named hazard of issue 28,
+    # which the user accepts here
     report = check(nll_of_log_softmax, "softmax_cross_entropy", backend="torch",
-                   dtypes=["float32", "float64"], max_examples=10)  # fmt: skip
+                   dtypes=["float32", "float64"], max_examples=10,
+                   skip=("all_ignored_nan",))  # fmt: skip
     assert report.ok, report
     ours = check(nll_of_log_softmax, "softmax_cross_entropy", backend="torch",
                  dtypes=["float32"], max_examples=0, standard="strict")  # fmt: skip

@@ -5,6 +5,7 @@ issue asks for; a sound candidate beside each one must keep passing."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from dualloss.parity import backends as B
@@ -173,7 +174,7 @@ def flat_only(logits, targets):
 def test_a_clear_refusal_of_spatial_input_is_unsupported_not_a_failure():
     # (F.cross_entropy's own NaN at -inf logits with probability targets is left out)
     report = check(flat_only, "softmax_cross_entropy", backend="torch",
-                   skip=("masked", "masked_soft"), **FAST)  # fmt: skip
+                   skip=("masked", "masked_soft", "all_ignored_nan"), **FAST)  # fmt: skip
     assert report.ok, report
     assert set(report.unsupported) == {"spatial"}, report
     text = str(report)
@@ -217,3 +218,103 @@ def test_an_option_the_candidate_refuses_is_unsupported_by_name():
         "unsupported: option label_smoothing (NotImplementedError: label_smoothing is not"
         in str(report)
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 4: all-ignored batches
+# ----------------------------------------------------------------------------------------------
+
+
+# F.cross_entropy's own NaN at -inf logits with probability targets is another matter
+NO_MASKS = ("masked", "masked_soft")
+
+
+def test_f_cross_entropy_reports_its_nan_on_an_all_ignored_batch_as_a_named_hazard():
+    report = check(F.cross_entropy, "softmax_cross_entropy", backend="torch", skip=NO_MASKS,
+                   **FAST)  # fmt: skip
+    assert not report.ok
+    named = [h for h in report.hazards if h.failure.kind == "NaN loss on an all-ignored batch"]
+    assert [h.region for h in named] == ["all_ignored"], report
+    text = str(report)
+    assert "F.cross_entropy does the same by design" in text
+    assert "skip=('all_ignored_nan',) accepts it" in text
+    # accepted: OK, and the report says what was accepted
+    accepted = check(F.cross_entropy, "softmax_cross_entropy", backend="torch",
+                     skip=("all_ignored_nan", *NO_MASKS), **FAST)  # fmt: skip
+    assert accepted.ok, accepted
+    assert any(n.startswith("accepted (skip='all_ignored_nan')") for n in accepted.notes)
+
+
+def test_a_nan_gradient_on_an_all_ignored_batch_fails_even_when_the_nan_value_is_accepted():
+    def nan_everywhere_when_empty(logits, targets):
+        keep = targets != -100
+        per_row = F.cross_entropy(logits, targets.clamp(min=0), reduction="none")
+        return (per_row * keep).sum() / keep.sum()  # 0 / 0: NaN value and NaN gradient
+
+    report = check(nan_everywhere_when_empty, "softmax_cross_entropy", backend="torch",
+                   skip=("all_ignored_nan",), **FAST)  # fmt: skip
+    failing = {(h.failure.kind, h.region) for h in report.hazards}
+    assert ("non-finite", "all_ignored") in failing, report
+    problems = [p for h in report.hazards if h.region == "all_ignored" for p in h.failure.problems]
+    assert any(p.startswith("gradient is nan") for p in problems), report
+
+
+def test_the_fused_linear_check_names_the_nan_loss_of_an_all_ignored_batch():
+    def textbook(h, w, t):
+        return F.cross_entropy(h @ w.T, t)  # 0 / 0 over an all-ignored batch: NaN, finite grads
+
+    report = check(textbook, "linear_softmax_cross_entropy", backend="torch", dtypes=["float64"])
+    assert [h.region for h in report.hazards] == ["all_ignored"], report
+    assert report.hazards[0].failure.kind == "NaN loss on an all-ignored batch"
+    accepted = check(textbook, "linear_softmax_cross_entropy", backend="torch",
+                     dtypes=["float64"], skip=("all_ignored_nan",))  # fmt: skip
+    assert accepted.ok, accepted
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 5: grads= chooses the gradients to judge
+# ----------------------------------------------------------------------------------------------
+
+
+def detached_target_gradient(logits, targets):
+    """Cross entropy with probability targets treated as constants: sound in the logits, its
+    gradient w.r.t. the targets is not available (torch gives none)."""
+    return F.cross_entropy(logits, targets.detach() if targets.is_floating_point() else targets)
+
+
+def test_grads_logits_judges_the_logits_only_and_says_so():
+    everything = check(detached_target_gradient, "softmax_cross_entropy", backend="torch",
+                       skip=(*NO_MASKS, "all_ignored_nan"), **FAST)  # fmt: skip
+    assert "grad:targets" in everything.unsupported, everything
+    logits_only = check(detached_target_gradient, "softmax_cross_entropy", backend="torch",
+                        skip=(*NO_MASKS, "all_ignored_nan"), grads="logits", **FAST)  # fmt: skip
+    assert logits_only.ok and not logits_only.unsupported, logits_only
+    assert not logits_only.judged_grads
+    assert "grads='logits': gradients judged w.r.t. logits\n" in str(logits_only)
+
+
+def test_grads_names_choose_among_the_options():
+    weight = np.array([0.5, 1.0, 2.0, 0.25, 1.5])
+
+    def weighted(x, t, weight):
+        return F.cross_entropy(x, t, weight=weight)
+
+    chosen = check(weighted, "softmax_cross_entropy", backend="torch", options={"weight": weight},
+                   skip=(*NO_MASKS, "all_ignored_nan"), grads=("logits", "weight"),
+                   **FAST)  # fmt: skip
+    assert set(chosen.judged_grads) == {"weight"}, chosen  # not the probability targets'
+    assert "grads=('logits', 'weight')" in str(chosen)
+    with pytest.raises(ValueError, match=r"`grads` must be 'all', 'logits' or a tuple of names"):
+        check(weighted, "softmax_cross_entropy", backend="torch", grads=("bias",), **FAST)
+
+
+def test_the_cli_takes_grads(capsys):
+    from dualloss.parity.__main__ import main
+
+    code = main(["check", "torch.nn.functional:cross_entropy", "--reference",
+                 "softmax_cross_entropy", "--backend", "torch", "--dtypes", "float32",
+                 "--max-examples", "0",
+                 "--skip", "masked,masked_soft,all_ignored_nan", "--grads", "logits"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "grads='logits': gradients judged w.r.t. logits\n" in out

@@ -51,7 +51,7 @@ from .cases import DTYPE_MAX, Case, make_cases
 from .findings import GRAD_PREFIX, OPTION_PREFIX, UNNAMED_NOTE, CheckReport, Hazard, _name_of
 from .linear import check as check_linear
 from .runner import Failure, evaluate, make_failure, minimise
-from .tolerance import STANDARDS
+from .tolerance import ACCEPT_ALL_IGNORED_NAN, ALL_IGNORED_NAN, STANDARDS
 
 # the regions that vary only the inputs (the others are option grids)
 CHECK_REGIONS = (
@@ -110,7 +110,28 @@ def _named_options(candidate, info, options: dict) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _implementation(candidate, info, backend, options=None, binary=False) -> B.Implementation:
+def judged_inputs(info, grads) -> frozenset[str] | None:
+    """The inputs besides the logits whose gradients `grads` asks to judge: None for 'all'
+    (every one the candidate's gradient reaches), none for 'logits', else the names given
+    ('logits', 'targets' and the loss's differentiable options)."""
+    allowed = ("logits", "targets", *(o.name for o in info.options if o.differentiable))
+    if isinstance(grads, str) and grads in ("all", "logits"):
+        return None if grads == "all" else frozenset()
+    names = (grads,) if isinstance(grads, str) else grads
+    try:
+        names = tuple(names)
+    except TypeError:
+        names = (grads,)
+    if not names or any(not isinstance(n, str) or n not in allowed for n in names):
+        raise ValueError(
+            f"`grads` must be 'all', 'logits' or a tuple of names among {', '.join(allowed)}. "
+            f"Received: grads={grads!r}."
+        )
+    return frozenset(n for n in names if n != "logits")
+
+
+def _implementation(candidate, info, backend, options=None, binary=False,
+                    judged=None) -> B.Implementation:  # fmt: skip
     display, imports, call = _name_of(candidate)
     takes = _named_options(candidate, info, options or {})
 
@@ -123,7 +144,8 @@ def _implementation(candidate, info, backend, options=None, binary=False) -> B.I
 
     def wrt(prep):
         floats = not binary and not (info.is_softmax and prep.case.index_targets)
-        return ("targets",) * floats + tuple(n for n in takes if prep.options.get(n) is not None)
+        names = ("targets",) * floats + tuple(n for n in takes if prep.options.get(n) is not None)
+        return tuple(n for n in names if judged is None or n in judged)
 
     return B.Implementation(
         name=display, backend=backend, loss=info, fn=fn, kwargs=kwargs,
@@ -364,9 +386,10 @@ def _validate(info, options: dict, skip, dtypes) -> list[str]:
     if isinstance(skip, str):
         skip = (skip,)
     for region in skip:
-        if region not in CHECK_REGIONS:
+        if region not in CHECK_REGIONS + (ACCEPT_ALL_IGNORED_NAN,):
             raise ValueError(
-                f"`skip` entries must be among {', '.join(CHECK_REGIONS)}. Received: {region!r}."
+                f"`skip` entries must be among {', '.join(CHECK_REGIONS)}, "
+                f"{ACCEPT_ALL_IGNORED_NAN}. Received: {region!r}."
             )
     if isinstance(dtypes, str):
         dtypes = [dtypes]
@@ -394,6 +417,7 @@ def check(
     stop_at_first: bool = False,
     standard: str = "practical",
     binary_targets: bool = False,
+    grads="all",
 ) -> CheckReport:
     """Judges `candidate` against ``dualloss.spec.<reference>`` with `options`.
 
@@ -413,7 +437,9 @@ def check(
       max_examples: Hypothesis examples per dtype after the adversarial cases (default 50; 0:
         none).
       skip: region names to leave out. Rarely needed: a feature the candidate raises on is found
-        and reported as unsupported without it.
+        and reported as unsupported without it. ``'all_ignored_nan'`` is not a region: it
+        accepts a NaN loss over an all-ignored batch (torch's 0 / 0, reported otherwise as the
+        hazard "NaN loss on an all-ignored batch"); a NaN gradient there still fails.
       device: 'cpu' (the default, for both backends) or 'gpu:N' (alias 'cuda:N'); a device the
         backend does not see raises ``devices.DeviceError`` (a ValueError). On a CUDA device,
         inputs with ignored labels run on the CPU first (see ``backends.run_case``).
@@ -426,6 +452,12 @@ def check(
       standard: 'practical' (default: backward stable, accurate at the whole result's scale) or
         'strict' (the standard dualloss's own backends are held to); see ``tolerance.py``.
       binary_targets: a sigmoid candidate that takes targets in {0, 1} only.
+      grads: which gradients to judge besides the value: 'all' (the default: the logits' and
+        every other one the candidate's autodiff reaches, probability targets and the options
+        it takes as arguments), 'logits' (the logits' only, for a loss meant to be
+        differentiated in the logits alone), or a tuple of names among 'logits', 'targets' and
+        the loss's differentiable options. The logits' gradient is always judged. Echoed in
+        the report. The fused linear losses judge hidden, linear_weight (and bias): 'all'.
 
     Returns:
       a ``CheckReport``: ``.ok``, ``.failures`` (one per kind x region, each with a minimal input,
@@ -440,7 +472,13 @@ def check(
         raise ValueError(
             f"`reference` must be one of {losses.ALL_NAMES}. Received: reference={reference!r}."
         ) from None
+    judged = judged_inputs(info, grads) if not info.is_linear else None
     if info.is_linear:
+        if grads != "all":
+            raise ValueError(
+                "`grads` must be 'all' for the fused linear losses (their check judges hidden, "
+                f"linear_weight and bias). Received: grads={grads!r}."
+            )
         # the fused linear losses: their own cases and bound (``parity.linear``)
         return check_linear(
             candidate, info, backend=backend, options=options, dtypes=dtypes,
@@ -460,15 +498,18 @@ def check(
     options = dict(options or {})
     dtypes = _validate(info, options, skip, dtypes)
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    # not a region: the user accepts a NaN loss over an all-ignored batch (torch's 0 / 0)
+    accept_nan = ACCEPT_ALL_IGNORED_NAN in skip
+    skip = tuple(r for r in skip if r != ACCEPT_ALL_IGNORED_NAN)
     max_examples = 50 if max_examples is None else int(max_examples)
     if max_examples < 0:
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
-    impl = _implementation(candidate, info, backend, options, binary_targets)
+    impl = _implementation(candidate, info, backend, options, binary_targets, judged)
     takes = _named_options(candidate, info, options)
     unnamed = _name_of(candidate)[2] == "candidate"
     label, dev = D.one_device(backend, device)
     report = CheckReport(impl.name, info.name, backend, options, standard, dtypes, device=label,
-                         info=info)  # fmt: skip
+                         info=info, grads=grads)  # fmt: skip
     report.precision = D.pin_precision([backend])
     jit = jit and backend == "jax"
     if jit:
@@ -483,7 +524,8 @@ def check(
     if unnamed:
         report.notes.append(UNNAMED_NOTE)
     closed_over = [o.name for o in info.options if o.differentiable and o.name not in takes
-                   and options.get(o.name) is not None]  # fmt: skip
+                   and options.get(o.name) is not None
+                   and (judged is None or o.name in judged)]  # fmt: skip
     if closed_over:
         report.notes.append(
             f"gradient w.r.t. {', '.join(closed_over)} not judged: the candidate does not take "
@@ -539,6 +581,11 @@ def check(
                 continue
             report.cases_judged += kind != "error"
             _note_input_grads(report, impl, prep, outcome, kind)
+            if kind == ALL_IGNORED_NAN and accept_nan:
+                note = f"accepted (skip={ACCEPT_ALL_IGNORED_NAN!r}): {ALL_IGNORED_NAN}"
+                if note not in report.notes:
+                    report.notes.append(note)
+                continue
             if kind == "ok":
                 continue
             small, small_j, small_o = minimise(impl, prep, dev, jit, kind, standard)

@@ -14,12 +14,13 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from .. import losses
 from .runner import Failure, _short
-from .tolerance import VISIBLE
+from .tolerance import ALL_IGNORED_NAN, VISIBLE
 
 # what a candidate may or may not implement, as the report names it
 FEATURES = {
@@ -36,7 +37,9 @@ OPTION_PREFIX = "option:"
 # the order of consequence (issue 31): non-finite, wrong at the result's scale, writes its input
 # (issue 28: the caller's logits or targets are garbage afterwards), raised on a supported
 # feature, then accuracy below the result's scale (what only a few-ULP tolerance sees)
-CONSEQUENCE = ("non-finite", "wrong at the result's scale", "writes input", "error", "accuracy")
+# then a NaN loss over an all-ignored batch with finite gradients (torch's choice, acceptable)
+CONSEQUENCE = ("non-finite", "wrong at the result's scale", "writes input", "error",
+               ALL_IGNORED_NAN, "accuracy")  # fmt: skip
 # a gradient w.r.t. targets or an option the candidate takes that autodiff could not give
 GRAD_PREFIX = "grad:"
 
@@ -128,6 +131,8 @@ class CheckReport:
     # how the candidate ran: 'eager' or 'jit' (JAX: jax.jit, the default), and why not jit
     mode: str = "eager"
     eager_because: str = ""
+    # which gradients the user asked to judge (``check(grads=...)``): 'all', 'logits' or names
+    grads: Any = "all"
     _grad_sizes: dict[str, int] = field(default_factory=dict, repr=False)
     # the record of `reference` (``losses.LossInfo``), as the check resolved it
     info: losses.LossInfo | None = field(default=None, repr=False, compare=False)
@@ -177,9 +182,9 @@ class CheckReport:
             f"({', '.join(self.dtypes)}), {self.examples_run} Hypothesis examples, "
             f"{self.standard} standard",
         ]
-        if self.judged_grads:
-            lines.append("  gradients judged w.r.t. logits, " + ", ".join(
-                f"{name} ({n} cases)" for name, n in self.judged_grads.items()))  # fmt: skip
+        asked = self.grads if isinstance(self.grads, str) else tuple(self.grads)
+        lines.append(f"  grads={asked!r}: gradients judged w.r.t. logits" + "".join(
+            f", {name} ({n} cases)" for name, n in self.judged_grads.items()))  # fmt: skip
         softmax = (self.info or losses.get(self.reference)).is_softmax
         groups = _groups(self.hazards)
         for i, group in enumerate(groups, 1):
@@ -229,7 +234,7 @@ def _signature(hazard: Hazard) -> tuple:
     if consequence == "non-finite":
         subject, _, rest = problem.partition(" is ")
         return (consequence, subject, rest.split(" ")[0])
-    if consequence in ("error", "writes input"):
+    if consequence in ("error", "writes input", ALL_IGNORED_NAN):
         return (consequence, problem[:80])
     return (consequence,)
 

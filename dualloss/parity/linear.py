@@ -70,6 +70,9 @@ from . import devices as D
 from .findings import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain, unsupported_lines
 from .runner import Record, _short
 from .tolerance import (
+    ACCEPT_ALL_IGNORED_NAN,
+    ALL_IGNORED_NAN,
+    ALL_IGNORED_NAN_NOTE,
     SMALLEST_NORMAL,
     SMALLEST_SUBNORMAL,
     STANDARDS,
@@ -501,7 +504,7 @@ def tolerances(loss: str, prep: Prepared, want: dict, standard: str) -> dict:
 
 @dataclass
 class Judgement:
-    kind: str  # ok | non-finite | accuracy
+    kind: str  # ok | non-finite | accuracy | tolerance.ALL_IGNORED_NAN
     expected: dict
     received: dict
     problems: list[str]
@@ -518,12 +521,14 @@ def judge(loss: str, prep: Prepared, outcome: Outcome, standard: str = "strict")
     tol = tolerances(loss, prep, want, standard)
     got = {"value": outcome.value, **outcome.grads}
     nonfinite, inaccurate, worst = [], [], 0.0
+    nan_on_empty = False
     kept = prep.case.targets != prep.options.get("ignore_index", -100)
     empty_mean = prep.options.get("reduction", "mean") == "mean" and not kept.any()
     for what, e in want.items():
         g = np.broadcast_to(np.asarray(got[what], dtype=np.float64), e.shape)
         if what == "value" and standard == "practical" and empty_mean and np.isnan(g).all():
-            continue  # 0 / 0: torch's NaN is as good as the spec's 0
+            nan_on_empty = True  # 0 / 0: a hazard of its own kind (``tolerance.ALL_IGNORED_NAN``)
+            continue
         if not np.all(np.isfinite(g)):
             at = tuple(int(i) for i in np.argwhere(~np.isfinite(g))[0]) if g.ndim else ()
             count = int(np.sum(~np.isfinite(g)))
@@ -545,7 +550,11 @@ def judge(loss: str, prep: Prepared, outcome: Outcome, standard: str = "strict")
                 f"{float(err[at] / ulp(e[at], prep.dtype)):.3g} ULP of {prep.dtype})"
             )
     kind = "non-finite" if nonfinite else ("accuracy" if inaccurate else "ok")
-    return Judgement(kind, want, got, nonfinite + inaccurate, worst)
+    problems = nonfinite + inaccurate
+    if nan_on_empty:
+        kind = ALL_IGNORED_NAN if kind == "ok" else kind
+        problems.append(f"{ALL_IGNORED_NAN}: {ALL_IGNORED_NAN_NOTE}")
+    return Judgement(kind, want, got, problems, worst)
 
 
 def _label(what: str) -> str:
@@ -708,9 +717,10 @@ def _validate(info, options: dict, skip, dtypes, max_examples) -> list[str]:
                and not hasattr(v, "shape") and not isinstance(v, (list, tuple))}  # fmt: skip
     info.spec(*info.sample_inputs(), **scalars)  # the spec's own one-sentence errors
     for region in skip:
-        if region not in REGIONS:
+        if region not in REGIONS + (ACCEPT_ALL_IGNORED_NAN,):
             raise ValueError(
-                f"`skip` entries must be among {', '.join(REGIONS)}. Received: {region!r}."
+                f"`skip` entries must be among {', '.join(REGIONS)}, {ACCEPT_ALL_IGNORED_NAN}. "
+                f"Received: {region!r}."
             )
     dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes or ("float32", "float64"))
     if not dtypes:
@@ -767,6 +777,9 @@ def check(
     options = dict(options or {})
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
     dtypes = _validate(info, options, skip, dtypes, max_examples)
+    # not a region: the user accepts a NaN loss over an all-ignored batch (torch's 0 / 0)
+    accept_nan = ACCEPT_ALL_IGNORED_NAN in skip
+    skip = tuple(r for r in skip if r != ACCEPT_ALL_IGNORED_NAN)
     with_bias = bool(options.get("bias"))
     spec_options = {k: v for k, v in options.items() if k != "bias"}
     name, imports, call = _name_of(candidate)
@@ -818,6 +831,11 @@ def check(
             kind, judgement, outcome = evaluate(candidate, backend, info, prep, dev, jit,
                                                 standard)  # fmt: skip
             report.cases_judged += kind != "error"
+            if kind == ALL_IGNORED_NAN and accept_nan:
+                note = f"accepted (skip={ACCEPT_ALL_IGNORED_NAN!r}): {ALL_IGNORED_NAN}"
+                if note not in report.notes:
+                    report.notes.append(note)
+                continue
             if kind == "ok":
                 continue
             key = (kind, case.region)
@@ -831,7 +849,7 @@ def check(
             hazards[key] = Hazard(failure, case.region, 1, [dtype])
         if hazards and stop_at_first:
             break
-    order = {"non-finite": 0, "writes input": 1, "accuracy": 2, "error": 3}
+    order = {"non-finite": 0, "writes input": 1, "accuracy": 2, "error": 3, ALL_IGNORED_NAN: 4}
     report.hazards = sorted(hazards.values(), key=lambda h: order.get(h.failure.kind, 3))
     if report.cases_judged == 0 and not report.hazards:
         report.notes.append("nothing was judged: every case used a feature the candidate lacks")

@@ -18,11 +18,11 @@ import numpy as np
 from . import backends as B
 from . import devices as D
 from .cases import LOSSES, Case, make_cases
+from .tolerance import ALL_IGNORED_NAN, ALL_IGNORED_NAN_NOTE, ulp
 from .tolerance import judge as _judge
-from .tolerance import ulp
 
 # the kinds of a call that was judged (the others: error, compile-error, skipped)
-JUDGED = ("ok", "non-finite", "accuracy", "writes input")
+JUDGED = ("ok", "non-finite", "accuracy", "writes input", ALL_IGNORED_NAN)
 
 
 @dataclass
@@ -227,6 +227,8 @@ def minimise(
 def make_failure(impl, prep, device_label, mode, kind, judgement, outcome) -> Failure:
     if judgement is not None:
         problems = judgement.nonfinite + judgement.inaccurate
+        if judgement.all_ignored_nan:
+            problems = problems + [f"{ALL_IGNORED_NAN}: {ALL_IGNORED_NAN_NOTE}"]
         expected_value, received_value = judgement.expected_value, judgement.received_value
         expected_grad, received_grad = judgement.expected_grad, judgement.received_grad
     else:

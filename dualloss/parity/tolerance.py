@@ -149,7 +149,9 @@ tolerance gets more terms:
   truth is 1.7e-24, next to entries of 0.1, is a rounding of that tensor, not a bug.
 
 - a mean over zero elements (every target ignored) is 0 / 0: dualloss defines it as 0
-  (DESIGN.md section 5), torch as NaN; either value is accepted (its gradient must be finite).
+  (DESIGN.md section 5), torch as NaN. A NaN there with finite gradients is not a non-finite
+  failure but a hazard of its own kind, ``ALL_IGNORED_NAN`` (issue 28: a NaN loss summed across
+  micro-batches ruins a run), which the user may accept; a NaN gradient there is non-finite.
 
 What still fails: anything non-finite where the math is finite, and anything wrong at its own
 scale: ``log(p + 1e-8)`` returns 18.4 where a confidently wrong row's loss is 100 (error 82,
@@ -266,6 +268,17 @@ K = 8.0
 VISIBLE = 2.0**-10
 # "strict": dualloss's own backends; "practical": users' code (`parity.check`)
 STANDARDS = ("strict", "practical")
+# the kind of a call whose mean over an all-ignored batch is NaN (0 / 0) with finite gradients
+# (issue 28): a hazard of its own, which ``check(skip=(ACCEPT_ALL_IGNORED_NAN,))`` accepts
+ALL_IGNORED_NAN = "NaN loss on an all-ignored batch"
+ACCEPT_ALL_IGNORED_NAN = "all_ignored_nan"
+ALL_IGNORED_NAN_NOTE = (
+    "the value is NaN on a batch whose every target is ignored (a mean over zero elements, "
+    "0 / 0; the spec gives 0) while the gradients are finite. torch's F.cross_entropy does the "
+    "same by design; an all-ignored micro-batch is routine in LLM training (padding, prompt-only "
+    "sequences) and a NaN loss logged or summed across micro-batches ruins the run. "
+    f"skip=({ACCEPT_ALL_IGNORED_NAN!r},) accepts it (the gradients there are still judged)"
+)
 
 LOSSES = losses.NAMES
 
@@ -532,14 +545,20 @@ class Judgement:
     # gradients w.r.t. targets and options (``judge(input_grads=...)``), by name
     expected_input_grads: dict = field(default_factory=dict)
     received_input_grads: dict = field(default_factory=dict)
+    # practical: the value is NaN over an all-ignored batch (0 / 0), everything else finite
+    all_ignored_nan: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.nonfinite and not self.inaccurate
+        return not self.nonfinite and not self.inaccurate and not self.all_ignored_nan
 
     @property
     def kind(self) -> str:
-        return "non-finite" if self.nonfinite else ("accuracy" if self.inaccurate else "ok")
+        if self.nonfinite:
+            return "non-finite"
+        if self.inaccurate:
+            return "accuracy"
+        return ALL_IGNORED_NAN if self.all_ignored_nan else "ok"
 
 
 def _compare(what, expected, received, tolerance, dtype, nonfinite, inaccurate):
@@ -665,9 +684,13 @@ def judge(
         value_tolerance, grad_tolerance = _strict_tolerances(
             info, options, dtype, expected_value, expected_grad, intermediates, elements
         )
+    all_ignored_nan = False
     if practical and reduction == "mean" and _mean_is_empty(intermediates):
-        # 0 / 0: torch's NaN is as good as dualloss's 0 (module docstring)
-        value = np.where(np.isnan(np.asarray(value, dtype=np.float64)), expected_value, value)
+        # 0 / 0: torch's NaN is a hazard of its own kind, not a non-finite failure (module
+        # docstring); its gradients are judged as usual
+        received = np.asarray(value, dtype=np.float64)
+        all_ignored_nan = bool(np.any(np.isnan(received)))
+        value = np.where(np.isnan(received), expected_value, value)
     nonfinite: list[str] = []
     inaccurate: list[str] = []
     worst_value_ulp, value_ratio = _compare(
@@ -712,6 +735,7 @@ def judge(
         worst_ratio=max(value_ratio, grad_ratio),
         expected_input_grads=expected_inputs,
         received_input_grads=received_inputs,
+        all_ignored_nan=all_ignored_nan,
     )
 
 
