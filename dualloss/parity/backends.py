@@ -133,6 +133,35 @@ def _our_kwargs(loss: str, backend: str):
     return kwargs
 
 
+# the options dualloss's backends differentiate: arrays (their real-number options, gamma,
+# label_smoothing and a scalar alpha, are Python numbers by the API, not differentiable)
+ARRAY_KINDS = ("class_vector", "scalar_or_class_vector", "elementwise")
+
+
+def our_wrt(info) -> Callable[[Prepared], tuple[str, ...]]:
+    """The inputs besides the logits whose gradients the parity run judges for dualloss's own
+    backends (issue 28, item 6): probability targets and the array options of the case."""
+    names = tuple(o.name for o in info.options if o.differentiable and o.kind in ARRAY_KINDS)
+
+    def wrt(prep: Prepared) -> tuple[str, ...]:
+        floats = not (info.is_softmax and prep.case.index_targets)
+        # not at -inf logits: both backends give 0 for d loss / d t_c on a masked class where
+        # the spec gives +inf (the open disagreement of OUR_MASKED_TARGETS)
+        floats = floats and not np.any(np.isneginf(prep.logits))
+        given = tuple(n for n in names if np.ndim(prep.options.get(n)) > 0)
+        return ("targets",) * floats + given
+
+    return wrt
+
+
+# said in the parity run's notes: what the judged target gradients leave out, and why
+OUR_MASKED_TARGETS = (
+    "gradients w.r.t. probability targets are not judged for dualloss's backends at -inf "
+    "logits: both give 0 for a masked class where the spec gives +inf (an open disagreement, "
+    "tests/test_parity_check_grads.py::test_torch_target_gradient_on_a_masked_class)"
+)
+
+
 def ours(backend: str, loss: str) -> Implementation | None:
     """dualloss.torch_impl / dualloss.jax_impl's `loss`, or None when not importable yet."""
     module_name = "torch_impl" if backend == "torch" else "jax_impl"
@@ -152,6 +181,8 @@ def ours(backend: str, loss: str) -> Implementation | None:
         kwargs=_our_kwargs(loss, backend),
         imports=f"from dualloss import {module_name}",
         expr=lambda kw: f"{module_name}.{loss}(x, t{format_kwargs(kw)})",
+        wrt=our_wrt(losses.get(loss)),
+        notes=[OUR_MASKED_TARGETS] if losses.get(loss).is_softmax else [],
     )
 
 

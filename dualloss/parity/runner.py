@@ -374,7 +374,7 @@ def run_matrix(
     result.config["precision"] = D.pin_precision(backends)
     plan = []  # (impl, device_label, device, mode)
     for impl in implementations:
-        result.notes += impl.notes
+        result.notes += [n for n in impl.notes if n not in result.notes]
         if impl.loss not in losses:
             continue
         if impl.fn is None:
