@@ -318,3 +318,20 @@ def test_the_cli_takes_grads(capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "grads='logits': gradients judged w.r.t. logits\n" in out
+
+
+# ----------------------------------------------------------------------------------------------
+# Item 6: the parity run judges target and option gradients of our backends
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_parity_run_differentiates_our_targets_and_array_options():
+    from dualloss.parity import runner
+    from dualloss.parity.cases import make_cases
+
+    impl = B.ours("torch", "sigmoid_cross_entropy")
+    case = next(c for c in make_cases("sigmoid_cross_entropy", "float32", regions=("options",))
+                if np.ndim(c.options.get("pos_weight")) > 0)  # fmt: skip
+    kind, judgement, outcome = runner.evaluate(impl, B.prepare(case, "float32"), "cpu", False)
+    assert kind == "ok", judgement.inaccurate
+    assert set(judgement.expected_input_grads) == {"targets", "pos_weight"}
