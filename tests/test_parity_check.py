@@ -153,9 +153,11 @@ def test_textbook_focal_gamma_half_is_flagged():
 
 
 def test_nll_loss_of_log_softmax_passes():
-    # its mean over an all-ignored batch is torch's NaN: 0 / 0, accepted by the practical standard
+    # its mean over an all-ignored batch is torch's NaN (0 / 0): the named hazard of issue 28,
+    # which the user accepts here
     report = check(nll_of_log_softmax, "softmax_cross_entropy", backend="torch",
-                   dtypes=["float32", "float64"], max_examples=10)  # fmt: skip
+                   dtypes=["float32", "float64"], max_examples=10,
+                   skip=("all_ignored_nan",))  # fmt: skip
     assert report.ok, report
     ours = check(nll_of_log_softmax, "softmax_cross_entropy", backend="torch",
                  dtypes=["float32"], max_examples=0, standard="strict")  # fmt: skip
@@ -193,7 +195,7 @@ def test_index_only_candidate_is_judged_on_the_rest():
     report = check(index_targets_only, "softmax_cross_entropy", backend="torch", **FAST)
     assert set(report.unsupported) == {"prob"}
     assert report.cases_judged > 20
-    assert "probability targets: TypeError: class-index targets only" in str(report)
+    assert "unsupported: probability targets (TypeError: class-index targets only)" in str(report)
 
 
 def test_nan_on_a_feature_is_a_hazard_not_unsupported():

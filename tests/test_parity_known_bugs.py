@@ -136,9 +136,10 @@ def test_all_ignored_mean_nan_of_cross_entropy_is_flagged_by_our_standard():
 
 def test_torch_cross_entropy_passes_but_for_zero_times_inf():
     # its only hazard: probability targets with zero mass on a -inf logit, 0 * -inf = NaN
-    # (flagged above); everything else passes, the all-ignored mean's NaN included
+    # (flagged above); everything else passes, the all-ignored mean's NaN accepted (issue 28:
+    # a named hazard without the skip)
     report = check(F.cross_entropy, "softmax_cross_entropy", backend="torch",
-                   skip=("masked_soft",), dtypes=["float32", "float64"],
+                   skip=("masked_soft", "all_ignored_nan"), dtypes=["float32", "float64"],
                    max_examples=20)  # fmt: skip
     assert report.hazards, "the masked margin cases with probability targets must catch it"
     for failure in report.failures:

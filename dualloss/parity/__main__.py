@@ -27,6 +27,11 @@ USAGE_ERROR, FAILED, OK = 2, 1, 0
 QUICK_RUN_TIME = "about 4 minutes on 2 CPU cores"
 
 
+def _grads(text: str):
+    """--grads: 'all', 'logits', or comma-separated names (a tuple)."""
+    return text if text in ("all", "logits") else tuple(_csv(text))
+
+
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
 
@@ -181,6 +186,13 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument(
         "--skip", type=_csv, default=[], help="comma-separated regions to leave out (rarely needed)"
     )
+    check.add_argument(
+        "--grads",
+        type=_grads,
+        default="all",
+        help="which gradients to judge: all (the default), logits, or comma-separated names"
+        " (logits,targets,weight,...)",
+    )
     check.add_argument("--device", default=None, help="cpu (the default) or gpu:N (alias cuda:N)")
     jit = check.add_mutually_exclusive_group()
     jit.add_argument(
@@ -318,6 +330,7 @@ def _check(args, parser) -> int:
             dtypes=args.dtypes, max_examples=args.max_examples, skip=args.skip,
             device=args.device, jit=args.jit, standard=args.standard,
             binary_targets=args.binary_targets, stop_at_first=args.stop_at_first,
+            grads=args.grads,
         )  # fmt: skip
     except (ValueError, TypeError) as error:
         parser.error(str(error))

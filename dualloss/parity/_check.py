@@ -48,10 +48,10 @@ from .. import losses
 from . import backends as B
 from . import devices as D
 from .cases import DTYPE_MAX, Case, make_cases
-from .findings import GRAD_PREFIX, UNNAMED_NOTE, CheckReport, Hazard, _name_of
+from .findings import GRAD_PREFIX, OPTION_PREFIX, UNNAMED_NOTE, CheckReport, Hazard, _name_of
 from .linear import check as check_linear
 from .runner import Failure, evaluate, make_failure, minimise
-from .tolerance import STANDARDS
+from .tolerance import ACCEPT_ALL_IGNORED_NAN, ALL_IGNORED_NAN, STANDARDS
 
 # the regions that vary only the inputs (the others are option grids)
 CHECK_REGIONS = (
@@ -110,7 +110,28 @@ def _named_options(candidate, info, options: dict) -> tuple[str, ...]:
     )  # fmt: skip
 
 
-def _implementation(candidate, info, backend, options=None, binary=False) -> B.Implementation:
+def judged_inputs(info, grads) -> frozenset[str] | None:
+    """The inputs besides the logits whose gradients `grads` asks to judge: None for 'all'
+    (every one the candidate's gradient reaches), none for 'logits', else the names given
+    ('logits', 'targets' and the loss's differentiable options)."""
+    allowed = ("logits", "targets", *(o.name for o in info.options if o.differentiable))
+    if isinstance(grads, str) and grads in ("all", "logits"):
+        return None if grads == "all" else frozenset()
+    names = (grads,) if isinstance(grads, str) else grads
+    try:
+        names = tuple(names)
+    except TypeError:
+        names = (grads,)
+    if not names or any(not isinstance(n, str) or n not in allowed for n in names):
+        raise ValueError(
+            f"`grads` must be 'all', 'logits' or a tuple of names among {', '.join(allowed)}. "
+            f"Received: grads={grads!r}."
+        )
+    return frozenset(n for n in names if n != "logits")
+
+
+def _implementation(candidate, info, backend, options=None, binary=False,
+                    judged=None) -> B.Implementation:  # fmt: skip
     display, imports, call = _name_of(candidate)
     takes = _named_options(candidate, info, options or {})
 
@@ -123,7 +144,8 @@ def _implementation(candidate, info, backend, options=None, binary=False) -> B.I
 
     def wrt(prep):
         floats = not binary and not (info.is_softmax and prep.case.index_targets)
-        return ("targets",) * floats + tuple(n for n in takes if prep.options.get(n) is not None)
+        names = ("targets",) * floats + tuple(n for n in takes if prep.options.get(n) is not None)
+        return tuple(n for n in names if judged is None or n in judged)
 
     return B.Implementation(
         name=display, backend=backend, loss=info, fn=fn, kwargs=kwargs,
@@ -229,6 +251,8 @@ def fits(case: Case, options: dict) -> bool:
 def features(case: Case, options: dict) -> frozenset[str]:
     """The features (keys of ``FEATURES``) that `case` uses."""
     used = set()
+    if case.logits.ndim > 2:
+        used.add("spatial")
     if case.info.is_softmax:
         if case.index_targets:
             used.add("index")
@@ -275,9 +299,11 @@ def probes(reference, options: dict, binary: bool = False) -> dict[str, Case]:
                     dict(options))  # fmt: skip
 
     if not info.is_softmax:
-        out = {"plain": case("plain", z, (rng.random((4, 5)) < 0.5).astype(float))}
+        hard = (rng.random((4, 5)) < 0.5).astype(float)
+        out = {"plain": case("plain", z, hard)}
         if not binary:
             out["soft"] = case("soft", z, np.resize([0.25, 0.5, 0.75, 0.0, 1.0], (4, 5)))
+        out["spatial"] = case("spatial", z.reshape(2, 2, 5), hard.reshape(2, 2, 5))
         return out
     ignore_index = options.get("ignore_index", -100)
     index = np.array([0, 1, 2, 3])
@@ -285,6 +311,9 @@ def probes(reference, options: dict, binary: bool = False) -> dict[str, Case]:
     masked_z = z.copy()
     masked_z[0, 4] = masked_z[1, [0, 2]] = masked_z[2, [1, 3, 4]] = -np.inf
     return {
+        # (2, 2) positions of 5 classes: the class axis last here, second for torch
+        "spatial": case("spatial", z.reshape(2, 2, 5), index.reshape(2, 2)),
+        "spatial_prob": case("spatial", z.reshape(2, 2, 5), prob.reshape(2, 2, 5)),
         "index": case("index", z, index),
         "prob": case("prob", z, prob),
         "ignored": case("ignored", z, np.where(index == 1, ignore_index, index)),
@@ -302,10 +331,17 @@ def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
         return Case(info, "probe", name, np.asarray(logits, float), np.asarray(targets),
                     dict(options))  # fmt: skip
 
+    # a spatial probe where the options fix no element-wise shape: (2, n / 2) positions
+    spatial = n % 2 == 0 and not any(
+        o.kind == "elementwise" and np.ndim(options.get(o.name)) > 0 for o in info.options
+    )
     if not info.is_softmax:
-        out = {"plain": case("plain", z, (rng.random((n, c)) < 0.5).astype(float))}
+        hard = (rng.random((n, c)) < 0.5).astype(float)
+        out = {"plain": case("plain", z, hard)}
         if not binary:
             out["soft"] = case("soft", z, np.resize([0.25, 0.5, 0.75, 0.0, 1.0], (n, c)))
+        if spatial:
+            out["spatial"] = case("spatial", z.reshape(2, n // 2, c), hard.reshape(2, n // 2, c))
         return out
     ignore_index = options.get("ignore_index", -100)
     index = np.arange(n) % c
@@ -313,7 +349,7 @@ def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
     prob = 0.75 * np.eye(c)[index] + 0.25 * np.eye(c)[(index + 1) % c]
     masked_z = np.where((np.arange(c) != index[:, None]) & (np.arange(c) % 2 == 1), -np.inf, z)
     ignored = np.where(np.arange(n) == min(1, n - 1), ignore_index, index)
-    return {
+    out = {
         "index": case("index", z, index),
         "prob": case("prob", z, prob),
         "ignored": case("ignored", z, ignored),
@@ -321,6 +357,10 @@ def _probes_of_shape(info, options, binary, n, c, rng) -> dict[str, Case]:
         "masked": case("masked", masked_z, index),
         "masked_prob": case("masked", np.where(prob == 0.0, -np.inf, z), prob),
     }
+    if spatial:
+        out["spatial"] = case("spatial", z.reshape(2, n // 2, c), index.reshape(2, n // 2))
+        out["spatial_prob"] = case("spatial", z.reshape(2, n // 2, c), prob.reshape(2, n // 2, c))
+    return out
 
 
 def _validate(info, options: dict, skip, dtypes) -> list[str]:
@@ -346,9 +386,10 @@ def _validate(info, options: dict, skip, dtypes) -> list[str]:
     if isinstance(skip, str):
         skip = (skip,)
     for region in skip:
-        if region not in CHECK_REGIONS:
+        if region not in CHECK_REGIONS + (ACCEPT_ALL_IGNORED_NAN,):
             raise ValueError(
-                f"`skip` entries must be among {', '.join(CHECK_REGIONS)}. Received: {region!r}."
+                f"`skip` entries must be among {', '.join(CHECK_REGIONS)}, "
+                f"{ACCEPT_ALL_IGNORED_NAN}. Received: {region!r}."
             )
     if isinstance(dtypes, str):
         dtypes = [dtypes]
@@ -376,6 +417,7 @@ def check(
     stop_at_first: bool = False,
     standard: str = "practical",
     binary_targets: bool = False,
+    grads="all",
 ) -> CheckReport:
     """Judges `candidate` against ``dualloss.spec.<reference>`` with `options`.
 
@@ -395,7 +437,9 @@ def check(
       max_examples: Hypothesis examples per dtype after the adversarial cases (default 50; 0:
         none).
       skip: region names to leave out. Rarely needed: a feature the candidate raises on is found
-        and reported as unsupported without it.
+        and reported as unsupported without it. ``'all_ignored_nan'`` is not a region: it
+        accepts a NaN loss over an all-ignored batch (torch's 0 / 0, reported otherwise as the
+        hazard "NaN loss on an all-ignored batch"); a NaN gradient there still fails.
       device: 'cpu' (the default, for both backends) or 'gpu:N' (alias 'cuda:N'); a device the
         backend does not see raises ``devices.DeviceError`` (a ValueError). On a CUDA device,
         inputs with ignored labels run on the CPU first (see ``backends.run_case``).
@@ -408,6 +452,12 @@ def check(
       standard: 'practical' (default: backward stable, accurate at the whole result's scale) or
         'strict' (the standard dualloss's own backends are held to); see ``tolerance.py``.
       binary_targets: a sigmoid candidate that takes targets in {0, 1} only.
+      grads: which gradients to judge besides the value: 'all' (the default: the logits' and
+        every other one the candidate's autodiff reaches, probability targets and the options
+        it takes as arguments), 'logits' (the logits' only, for a loss meant to be
+        differentiated in the logits alone), or a tuple of names among 'logits', 'targets' and
+        the loss's differentiable options. The logits' gradient is always judged. Echoed in
+        the report. The fused linear losses judge hidden, linear_weight (and bias): 'all'.
 
     Returns:
       a ``CheckReport``: ``.ok``, ``.failures`` (one per kind x region, each with a minimal input,
@@ -422,7 +472,13 @@ def check(
         raise ValueError(
             f"`reference` must be one of {losses.ALL_NAMES}. Received: reference={reference!r}."
         ) from None
+    judged = judged_inputs(info, grads) if not info.is_linear else None
     if info.is_linear:
+        if grads != "all":
+            raise ValueError(
+                "`grads` must be 'all' for the fused linear losses (their check judges hidden, "
+                f"linear_weight and bias). Received: grads={grads!r}."
+            )
         # the fused linear losses: their own cases and bound (``parity.linear``)
         return check_linear(
             candidate, info, backend=backend, options=options, dtypes=dtypes,
@@ -442,15 +498,18 @@ def check(
     options = dict(options or {})
     dtypes = _validate(info, options, skip, dtypes)
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
+    # not a region: the user accepts a NaN loss over an all-ignored batch (torch's 0 / 0)
+    accept_nan = ACCEPT_ALL_IGNORED_NAN in skip
+    skip = tuple(r for r in skip if r != ACCEPT_ALL_IGNORED_NAN)
     max_examples = 50 if max_examples is None else int(max_examples)
     if max_examples < 0:
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
-    impl = _implementation(candidate, info, backend, options, binary_targets)
+    impl = _implementation(candidate, info, backend, options, binary_targets, judged)
     takes = _named_options(candidate, info, options)
     unnamed = _name_of(candidate)[2] == "candidate"
     label, dev = D.one_device(backend, device)
     report = CheckReport(impl.name, info.name, backend, options, standard, dtypes, device=label,
-                         info=info)  # fmt: skip
+                         info=info, grads=grads)  # fmt: skip
     report.precision = D.pin_precision([backend])
     jit = jit and backend == "jax"
     if jit:
@@ -465,7 +524,8 @@ def check(
     if unnamed:
         report.notes.append(UNNAMED_NOTE)
     closed_over = [o.name for o in info.options if o.differentiable and o.name not in takes
-                   and options.get(o.name) is not None]  # fmt: skip
+                   and options.get(o.name) is not None
+                   and (judged is None or o.name in judged)]  # fmt: skip
     if closed_over:
         report.notes.append(
             f"gradient w.r.t. {', '.join(closed_over)} not judged: the candidate does not take "
@@ -500,6 +560,9 @@ def check(
         options = _for_dtype(user_options, takes, dtype)
         unsupported = _probe(impl, info, options, binary_targets, dtype, dev, jit, standard,
                              report)  # fmt: skip
+        if unsupported is None and _refused_options(impl, info, options, takes, binary_targets,
+                                                    dtype, dev, jit, standard, report):  # fmt: skip
+            continue  # an option it refuses: nothing with the user's options can be judged
         if unsupported is None:  # raised on every probe: nothing to judge
             prep = B.prepare(next(iter(probes(info, options).values())), dtype)
             kind, judgement, outcome = evaluate(impl, prep, dev, jit, standard)
@@ -518,6 +581,11 @@ def check(
                 continue
             report.cases_judged += kind != "error"
             _note_input_grads(report, impl, prep, outcome, kind)
+            if kind == ALL_IGNORED_NAN and accept_nan:
+                note = f"accepted (skip={ACCEPT_ALL_IGNORED_NAN!r}): {ALL_IGNORED_NAN}"
+                if note not in report.notes:
+                    report.notes.append(note)
+                continue
             if kind == "ok":
                 continue
             small, small_j, small_o = minimise(impl, prep, dev, jit, kind, standard)
@@ -582,13 +650,15 @@ def _probe(impl, info, options, binary, dtype, device, jit, standard, report):
         return None
     unsupported = set()
     if info.is_softmax:
-        # the masked probe runs on whichever targets the candidate takes
-        masked_probes = [n for n in ("masked", "masked_prob") if n in found]
-        if not any(n in worked for n in masked_probes):
-            raised.setdefault("masked", raised.get("masked_prob"))
-        else:
-            raised.pop("masked", None)
-        raised.pop("masked_prob", None)
+        # the masked and spatial probes run on whichever targets the candidate takes
+        for feature in ("masked", "spatial"):
+            both = [n for n in (feature, f"{feature}_prob") if n in found]
+            if not any(n in worked for n in both):
+                if feature in raised or f"{feature}_prob" in raised:
+                    raised.setdefault(feature, raised.get(f"{feature}_prob"))
+            else:
+                raised.pop(feature, None)
+            raised.pop(f"{feature}_prob", None)
         for name in ("ignored", "all_ignored"):
             if "index" in raised:
                 raised.pop(name, None)
@@ -601,6 +671,33 @@ def _probe(impl, info, options, binary, dtype, device, jit, standard, report):
     if info.is_softmax and "index" in unsupported:
         unsupported |= {"ignored", "all_ignored"}
     return frozenset(unsupported)
+
+
+def _refused_options(impl, info, options, takes, binary, dtype, device, jit, standard,
+                     report) -> bool:  # fmt: skip
+    """For a candidate that raised on every probe: the options it takes that it raises on, each
+    found by the plain probe working with that option at its neutral value (the record's
+    ``neutral``: 0 for label smoothing, None, left out, for a weight). Recorded in
+    `report.unsupported` as ``option:<name>`` with the message and a reproducer of the refusal;
+    True when there was one."""
+    plain = next(iter(probes(info, options, binary).values()))
+    found = False
+    for option in info.options:
+        name = option.name
+        if options.get(name) is None or name not in takes:
+            continue
+        without = dict(options, **{name: option.neutral})
+        prep = B.prepare(replace(plain, options=without), dtype)
+        if evaluate(impl, prep, device, jit, standard)[0] == "error":
+            continue
+        refused = B.prepare(plain, dtype)
+        error = evaluate(impl, refused, device, jit, standard)[2].error
+        key = OPTION_PREFIX + name
+        if key not in report.unsupported:
+            repro = B.reproducer(impl, refused, report.device)
+            report.unsupported[key] = f"{error}\n      reproduce: {repro}"
+        found = True
+    return found
 
 
 # ----------------------------------------------------------------------------------------------

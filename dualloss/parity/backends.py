@@ -133,6 +133,35 @@ def _our_kwargs(loss: str, backend: str):
     return kwargs
 
 
+# the options dualloss's backends differentiate: arrays (their real-number options, gamma,
+# label_smoothing and a scalar alpha, are Python numbers by the API, not differentiable)
+ARRAY_KINDS = ("class_vector", "scalar_or_class_vector", "elementwise")
+
+
+def our_wrt(info) -> Callable[[Prepared], tuple[str, ...]]:
+    """The inputs besides the logits whose gradients the parity run judges for dualloss's own
+    backends (issue 28, item 6): probability targets and the array options of the case."""
+    names = tuple(o.name for o in info.options if o.differentiable and o.kind in ARRAY_KINDS)
+
+    def wrt(prep: Prepared) -> tuple[str, ...]:
+        floats = not (info.is_softmax and prep.case.index_targets)
+        # not at -inf logits: both backends give 0 for d loss / d t_c on a masked class where
+        # the spec gives +inf (the open disagreement of OUR_MASKED_TARGETS)
+        floats = floats and not np.any(np.isneginf(prep.logits))
+        given = tuple(n for n in names if np.ndim(prep.options.get(n)) > 0)
+        return ("targets",) * floats + given
+
+    return wrt
+
+
+# said in the parity run's notes: what the judged target gradients leave out, and why
+OUR_MASKED_TARGETS = (
+    "gradients w.r.t. probability targets are not judged for dualloss's backends at -inf "
+    "logits: both give 0 for a masked class where the spec gives +inf (an open disagreement, "
+    "tests/test_parity_check_grads.py::test_torch_target_gradient_on_a_masked_class)"
+)
+
+
 def ours(backend: str, loss: str) -> Implementation | None:
     """dualloss.torch_impl / dualloss.jax_impl's `loss`, or None when not importable yet."""
     module_name = "torch_impl" if backend == "torch" else "jax_impl"
@@ -152,6 +181,8 @@ def ours(backend: str, loss: str) -> Implementation | None:
         kwargs=_our_kwargs(loss, backend),
         imports=f"from dualloss import {module_name}",
         expr=lambda kw: f"{module_name}.{loss}(x, t{format_kwargs(kw)})",
+        wrt=our_wrt(losses.get(loss)),
+        notes=[OUR_MASKED_TARGETS] if losses.get(loss).is_softmax else [],
     )
 
 
@@ -183,6 +214,9 @@ class Outcome:
     input_grads: dict = field(default_factory=dict)
     input_grad_errors: dict = field(default_factory=dict)
     skipped: bool = False
+    # the inputs the call changed (logits, targets, an option): their fingerprints before and
+    # after the call (value and gradient) differ, or their buffer was given away (JAX donation)
+    written: tuple[str, ...] = ()
     # torch.compile raised (or timed out) where the eager call of the same function works
     compile_failed: bool = False
 
@@ -273,6 +307,49 @@ def time_limit(seconds: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
+# ----------------------------------------------------------------------------------------------
+# The input guard: a call must not write its inputs (issue 28, item 3)
+# ----------------------------------------------------------------------------------------------
+
+WRITTEN = "writes its input"
+
+
+def _torch_fingerprint(tensor) -> tuple:
+    """Shape, dtype and the bytes of `tensor` (NaN payloads and signed zeros included)."""
+    import torch
+
+    flat = tensor.detach().cpu().contiguous().reshape(-1)
+    return (tuple(tensor.shape), str(tensor.dtype), flat.view(torch.uint8).numpy().tobytes())
+
+
+def _jax_fingerprint(array) -> tuple:
+    """As ``_torch_fingerprint``; None once the buffer was deleted (donated to the call)."""
+    if array.is_deleted():
+        return None
+    host = np.asarray(array)
+    return (tuple(host.shape), str(host.dtype), np.ascontiguousarray(host).tobytes())
+
+
+def fingerprints(inputs: dict, backend: str) -> dict:
+    """name -> fingerprint of each array in `inputs` (non-arrays are left out)."""
+    out = {}
+    for name, value in inputs.items():
+        if backend == "torch":
+            import torch
+
+            if isinstance(value, torch.Tensor):
+                out[name] = _torch_fingerprint(value)
+        elif hasattr(value, "is_deleted"):
+            out[name] = _jax_fingerprint(value)
+    return out
+
+
+def changed(before: dict, inputs: dict, backend: str) -> tuple[str, ...]:
+    """The names of `inputs` whose fingerprint differs from `before` (taken before the call)."""
+    after = fingerprints({n: inputs[n] for n in before}, backend)
+    return tuple(n for n in before if after[n] != before[n])
+
+
 NO_GRADIENT = "the framework returned no gradient (the loss does not depend on it through autodiff)"
 
 
@@ -345,10 +422,14 @@ def run_torch(impl: Implementation, prep: Prepared, device: str, compiled: bool)
             leaves = {n: (t if n == "targets" else given[n]).detach().requires_grad_(True)
                       for n in wrt}  # fmt: skip
             options = {n: v for n, v in leaves.items() if n != "targets"}
+            inputs = {"logits": x, "targets": t, **given}
+            if i == 0:  # a later attempt's fresh logits hold the same bytes
+                before = fingerprints(inputs, "torch")
             try:
                 value, grad, others = _call_torch(
                     fn, x, leaves.get("targets", t), {**given, **options}, wrt
                 )
+                written = changed(before, inputs, "torch")
                 break
             except Exception as error:  # noqa: BLE001 - the last attempt's error is the loss's
                 if i == len(attempts) - 1:
@@ -375,7 +456,7 @@ def run_torch(impl: Implementation, prep: Prepared, device: str, compiled: bool)
         else:
             input_grads[name] = from_torch_layout(g) if softmax and name == "targets" else g
     return Outcome(value=value, grad=grad, input_grads=input_grads,
-                   input_grad_errors=input_errors)  # fmt: skip
+                   input_grad_errors=input_errors, written=written)  # fmt: skip
 
 
 def _jax_value_and_grad(fn, static, wrt=()):
@@ -444,8 +525,12 @@ def run_jax(impl: Implementation, prep: Prepared, device: Any, compiled: bool) -
             t = jax_array(prep.targets, prep.dtype, device)
             attempts = _attempts(impl.info, wrt, kwargs)
             for i, (names, given) in enumerate(attempts):
+                inputs = {"logits": x, "targets": t, **given}
+                if i == 0:
+                    before = fingerprints(inputs, "jax")
                 try:
                     value, grad, others = _jax_call(impl, given, compiled, names, x, t)
+                    written = changed(before, inputs, "jax")
                     break
                 except Exception as error:  # noqa: BLE001 - the last attempt's error is final
                     if i == len(attempts) - 1:
@@ -455,7 +540,8 @@ def run_jax(impl: Implementation, prep: Prepared, device: Any, compiled: bool) -
                     input_errors.update({n: line for n in dropped if n not in input_errors})
         except Exception as error:  # noqa: BLE001 - a crash is a finding, reported as such
             return Outcome(error=f"{type(error).__name__}: {error}".splitlines()[0][:300])
-    return Outcome(value=value, grad=grad, input_grads=others, input_grad_errors=input_errors)
+    return Outcome(value=value, grad=grad, input_grads=others, input_grad_errors=input_errors,
+                   written=written)  # fmt: skip
 
 
 class DevicePoisoned(RuntimeError):
@@ -539,11 +625,15 @@ def _literal(array: np.ndarray) -> str:
     return walk(np.asarray(array))
 
 
-def reproducer(impl: Implementation, prep: Prepared, device: str = "cpu", wrt=None) -> str:
+def reproducer(
+    impl: Implementation, prep: Prepared, device: str = "cpu", wrt=None, written=()
+) -> str:
     """One line of Python that calls `impl` on exactly the inputs of `prep` (value and grad), on
     `device` (a canonical name: torch gets ``device='cuda:N'``, JAX ``jax.devices(...)[N]``, the
     CPU named too, since JAX's default device on a GPU machine is the GPU). The gradients
-    w.r.t. the targets and options of `wrt` (default: ``impl.wrt(prep)``) are printed too."""
+    w.r.t. the targets and options of `wrt` (default: ``impl.wrt(prep)``) are printed too. The
+    inputs named in `written` (logits, targets, options) are copied before the call and the line
+    prints whether each is unchanged after it."""
     wrt = tuple(impl.wrt(prep) if wrt is None else wrt)
     case = prep.case
     softmax = impl.info.is_softmax
@@ -609,24 +699,36 @@ def reproducer(impl: Implementation, prep: Prepared, device: str = "cpu", wrt=No
     kwargs = {**kwargs, **{n: _Code(n) for n in options}}
     call = impl.expr(kwargs)
     imports = f"; {impl.imports}" if impl.imports else ""
+    # the written inputs, as variables of the line: kept before the call, compared after it
+    var = {"logits": "x", "targets": "t", **{n: n for n in options}}
+    kept = [(n, var[n]) for n in written if n in var]
+    if lib == "torch":
+        keep = "".join(f"; {v}_before = {v}.detach().clone()" for _, v in kept)
+        show = "".join(f", '{n} unchanged:', torch.equal({v}.detach(), {v}_before)"
+                       for n, v in kept)  # fmt: skip
+    else:
+        keep = "".join(f"; {v}_before = np.asarray({v}).copy()" for _, v in kept)
+        keep = "; import numpy as np" + keep if kept else ""
+        show = "".join(f", '{n} unchanged:', np.array_equal(np.asarray({v}), {v}_before)"
+                       for n, v in kept)  # fmt: skip
     if lib == "torch":
         t_grad = ".requires_grad_()" if "targets" in wrt else ""
         grads = "".join(f", {'t' if n == 'targets' else n}.grad" for n in wrt)
         return (
-            f"{head}{imports}; x = {x}.requires_grad_(); t = {t}{t_grad}{bound}; y = {call}; "
-            f"y.sum().backward(); print(y, x.grad{grads})"
+            f"{head}{imports}; x = {x}.requires_grad_(); t = {t}{t_grad}{bound}{keep}; "
+            f"y = {call}; y.sum().backward(); print(y, x.grad{grads}{show})"
         )
     if not wrt:
         return (
-            f"{head}{imports}; x = {x}; t = {t}; "
-            f"print(jax.value_and_grad(lambda x: ({call}).sum())(x))"
+            f"{head}{imports}; x = {x}; t = {t}{keep}; "
+            f"print(jax.value_and_grad(lambda x: ({call}).sum())(x){show})"
         )
     names = ["x", *("t" if n == "targets" else n for n in wrt)]
     fixed = "" if "targets" in wrt else ", t=t"
     params = ", ".join(names)
     return (
-        f"{head}{imports}; x = {x}; t = {t}{bound}; print(jax.value_and_grad(lambda {params}"
-        f"{fixed}: ({call}).sum(), argnums={tuple(range(len(names)))})({params}))"
+        f"{head}{imports}; x = {x}; t = {t}{bound}{keep}; print(jax.value_and_grad(lambda "
+        f"{params}{fixed}: ({call}).sum(), argnums={tuple(range(len(names)))})({params}){show})"
     )
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from .. import losses
 from .runner import Failure, _short
-from .tolerance import VISIBLE
+from .tolerance import ALL_IGNORED_NAN, VISIBLE
 
 # what a candidate may or may not implement, as the report names it
 FEATURES = {
@@ -29,10 +30,16 @@ FEATURES = {
     "all_ignored": "all-ignored batches",
     "masked": "masked classes (-inf logits)",
     "soft": "soft targets (strictly between 0 and 1)",
+    "spatial": "spatial layout (extra dims: (N, C, d1, ...) in torch, (N, d1, ..., C) in JAX)",
 }
-# the order of consequence (issue 31): non-finite, wrong at the result's scale, raised on a
-# supported feature, then accuracy below the result's scale (what only a few-ULP tolerance sees)
-CONSEQUENCE = ("non-finite", "wrong at the result's scale", "error", "accuracy")
+# an option the candidate takes and raises on (``check`` probes it at its neutral value)
+OPTION_PREFIX = "option:"
+# the order of consequence (issue 31): non-finite, wrong at the result's scale, writes its input
+# (issue 28: the caller's logits or targets are garbage afterwards), raised on a supported
+# feature, then accuracy below the result's scale (what only a few-ULP tolerance sees)
+# then a NaN loss over an all-ignored batch with finite gradients (torch's choice, acceptable)
+CONSEQUENCE = ("non-finite", "wrong at the result's scale", "writes input", "error",
+               ALL_IGNORED_NAN, "accuracy")  # fmt: skip
 # a gradient w.r.t. targets or an option the candidate takes that autodiff could not give
 GRAD_PREFIX = "grad:"
 
@@ -41,10 +48,36 @@ UNNAMED_NOTE = ("the reproducers call your function `candidate` (it has no name 
                 "bind it first, `candidate = <your function>`")  # fmt: skip
 
 
-def _feature_name(feature: str) -> str:
+# the short names of the features in the report's "unsupported: <feature> (<message>)"
+FEATURE_KEYS = {
+    "index": "class-index targets", "prob": "probability targets", "ignored": "ignored labels",
+    "all_ignored": "all-ignored batches", "masked": "masked classes (-inf logits)",
+    "soft": "soft targets", "spatial": "spatial",
+}  # fmt: skip
+
+
+def _feature_key(feature: str) -> str:
+    """The short name the report gives a feature: 'spatial', 'gradient w.r.t. weight', ..."""
     if feature.startswith(GRAD_PREFIX):
         return f"gradient w.r.t. {feature[len(GRAD_PREFIX) :]} not available"
-    return FEATURES[feature]
+    if feature.startswith(OPTION_PREFIX):
+        return f"option {feature[len(OPTION_PREFIX) :]}"
+    return FEATURE_KEYS.get(feature, feature)
+
+
+def unsupported_lines(unsupported: dict) -> list[str]:
+    """The report's section on what the candidate refused: "unsupported: <feature> (<its
+    message>)" per feature, then its reproducer."""
+    if not unsupported:
+        return []
+    lines = ["Unsupported by the candidate (a clear exception on the whole feature: those cases "
+             "were not judged; a crash on a supported feature is a failure above):"]  # fmt: skip
+    for feature, entry in unsupported.items():
+        message, _, rest = entry.partition("\n")
+        lines.append(f"  - unsupported: {_feature_key(feature)} ({message})")
+        if rest:
+            lines.append(rest)
+    return lines
 
 
 @dataclass
@@ -98,6 +131,8 @@ class CheckReport:
     # how the candidate ran: 'eager' or 'jit' (JAX: jax.jit, the default), and why not jit
     mode: str = "eager"
     eager_because: str = ""
+    # which gradients the user asked to judge (``check(grads=...)``): 'all', 'logits' or names
+    grads: Any = "all"
     _grad_sizes: dict[str, int] = field(default_factory=dict, repr=False)
     # the record of `reference` (``losses.LossInfo``), as the check resolved it
     info: losses.LossInfo | None = field(default=None, repr=False, compare=False)
@@ -147,9 +182,9 @@ class CheckReport:
             f"({', '.join(self.dtypes)}), {self.examples_run} Hypothesis examples, "
             f"{self.standard} standard",
         ]
-        if self.judged_grads:
-            lines.append("  gradients judged w.r.t. logits, " + ", ".join(
-                f"{name} ({n} cases)" for name, n in self.judged_grads.items()))  # fmt: skip
+        asked = self.grads if isinstance(self.grads, str) else tuple(self.grads)
+        lines.append(f"  grads={asked!r}: gradients judged w.r.t. logits" + "".join(
+            f", {name} ({n} cases)" for name, n in self.judged_grads.items()))  # fmt: skip
         softmax = (self.info or losses.get(self.reference)).is_softmax
         groups = _groups(self.hazards)
         for i, group in enumerate(groups, 1):
@@ -163,10 +198,7 @@ class CheckReport:
                 lines += _wrap(f"   only {scope}", "     ")
         if len(groups) < len(self.hazards):
             lines.append(f"note: {REPRODUCERS}")
-        if self.unsupported:
-            lines.append("Unsupported by the candidate (it raised; those cases were not judged):")
-            for feature, repro in self.unsupported.items():
-                lines.append(f"  - {_feature_name(feature)}: {repro}")
+        lines += unsupported_lines(self.unsupported)
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -202,7 +234,7 @@ def _signature(hazard: Hazard) -> tuple:
     if consequence == "non-finite":
         subject, _, rest = problem.partition(" is ")
         return (consequence, subject, rest.split(" ")[0])
-    if consequence == "error":
+    if consequence in ("error", "writes input", ALL_IGNORED_NAN):
         return (consequence, problem[:80])
     return (consequence,)
 

@@ -67,9 +67,12 @@ import numpy as np
 from .. import losses, spec
 from . import backends as B
 from . import devices as D
-from .findings import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain
+from .findings import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain, unsupported_lines
 from .runner import Record, _short
 from .tolerance import (
+    ACCEPT_ALL_IGNORED_NAN,
+    ALL_IGNORED_NAN,
+    ALL_IGNORED_NAN_NOTE,
     SMALLEST_NORMAL,
     SMALLEST_SUBNORMAL,
     STANDARDS,
@@ -81,6 +84,8 @@ from .tolerance import (
 REGIONS = losses.LINEAR_REGIONS
 NAMES = losses.LINEAR_NAMES
 WRT = ("hidden", "linear_weight", "bias")
+# the positional arguments of a candidate, as the input guard names them
+ARGS = ("hidden", "linear_weight", "targets", "bias")
 HALF = ("float16", "bfloat16")
 # (N, H, V) per level: small enough for a 2-core CPU, V prime (no block divides it evenly)
 SHAPES = {"quick": ((45, 16, 97),), "full": ((45, 16, 97), (130, 24, 1031))}
@@ -300,6 +305,7 @@ class Outcome:
     grads: dict = field(default_factory=dict)  # spec layout, float64
     error: str | None = None
     dtypes: tuple = ()  # of the value and the gradients, as the candidate returned them
+    written: tuple = ()  # the inputs the call changed (``backends.fingerprints``)
 
 
 def _backend_arrays(prep: Prepared, backend: str, device):
@@ -336,6 +342,8 @@ def run(fn, backend: str, prep: Prepared, device: Any = "cpu", jit: bool = False
             import torch
 
             args, leaves = _backend_arrays(prep, backend, device)
+            inputs = dict(zip(ARGS, args, strict=False))
+            before = B.fingerprints(inputs, backend)
             out = fn(*args)
             if not isinstance(out, torch.Tensor):
                 out = torch.as_tensor(out)
@@ -346,6 +354,7 @@ def run(fn, backend: str, prep: Prepared, device: Any = "cpu", jit: bool = False
             grads = [torch.zeros_like(x) if g is None else g for x, g in pairs]
             dtypes = tuple(str(x.dtype).replace("torch.", "") for x in (out, *grads))
             grads[1] = grads[1].T
+            written = B.changed(before, inputs, backend)
             value = out.detach().to(torch.float64).cpu().numpy()
             grads = [g.detach().to(torch.float64).cpu().numpy() for g in grads]
         else:
@@ -354,6 +363,8 @@ def run(fn, backend: str, prep: Prepared, device: Any = "cpu", jit: bool = False
 
             with jax.enable_x64(prep.dtype == "float64" or bool(jax.config.jax_enable_x64)):
                 args, leaves = _backend_arrays(prep, backend, device)
+                inputs = dict(zip(ARGS, args, strict=False))
+                before = B.fingerprints(inputs, backend)
                 targets = args[2]
                 if jit:
                     # one jitted function per candidate: the shapes share it
@@ -373,9 +384,11 @@ def run(fn, backend: str, prep: Prepared, device: Any = "cpu", jit: bool = False
                 dtypes = tuple(str(x.dtype) for x in (value, *grads))
                 value = np.asarray(value).astype(np.float64)
                 grads = [np.asarray(g).astype(np.float64) for g in grads]
+                written = B.changed(before, inputs, backend)
     except Exception as error:  # noqa: BLE001 - a crash is a finding, reported as such
         return Outcome(error=f"{type(error).__name__}: {error}".splitlines()[0][:300])
-    return Outcome(value=value, grads=dict(zip(names, grads, strict=True)), dtypes=dtypes)
+    return Outcome(value=value, grads=dict(zip(names, grads, strict=True)), dtypes=dtypes,
+                   written=written)  # fmt: skip
 
 
 def ours(backend: str, loss: str, options: dict, reduction: str):
@@ -491,7 +504,7 @@ def tolerances(loss: str, prep: Prepared, want: dict, standard: str) -> dict:
 
 @dataclass
 class Judgement:
-    kind: str  # ok | non-finite | accuracy
+    kind: str  # ok | non-finite | accuracy | tolerance.ALL_IGNORED_NAN
     expected: dict
     received: dict
     problems: list[str]
@@ -508,12 +521,14 @@ def judge(loss: str, prep: Prepared, outcome: Outcome, standard: str = "strict")
     tol = tolerances(loss, prep, want, standard)
     got = {"value": outcome.value, **outcome.grads}
     nonfinite, inaccurate, worst = [], [], 0.0
+    nan_on_empty = False
     kept = prep.case.targets != prep.options.get("ignore_index", -100)
     empty_mean = prep.options.get("reduction", "mean") == "mean" and not kept.any()
     for what, e in want.items():
         g = np.broadcast_to(np.asarray(got[what], dtype=np.float64), e.shape)
         if what == "value" and standard == "practical" and empty_mean and np.isnan(g).all():
-            continue  # 0 / 0: torch's NaN is as good as the spec's 0
+            nan_on_empty = True  # 0 / 0: a hazard of its own kind (``tolerance.ALL_IGNORED_NAN``)
+            continue
         if not np.all(np.isfinite(g)):
             at = tuple(int(i) for i in np.argwhere(~np.isfinite(g))[0]) if g.ndim else ()
             count = int(np.sum(~np.isfinite(g)))
@@ -535,7 +550,11 @@ def judge(loss: str, prep: Prepared, outcome: Outcome, standard: str = "strict")
                 f"{float(err[at] / ulp(e[at], prep.dtype)):.3g} ULP of {prep.dtype})"
             )
     kind = "non-finite" if nonfinite else ("accuracy" if inaccurate else "ok")
-    return Judgement(kind, want, got, nonfinite + inaccurate, worst)
+    problems = nonfinite + inaccurate
+    if nan_on_empty:
+        kind = ALL_IGNORED_NAN if kind == "ok" else kind
+        problems.append(f"{ALL_IGNORED_NAN}: {ALL_IGNORED_NAN_NOTE}")
+    return Judgement(kind, want, got, problems, worst)
 
 
 def _label(what: str) -> str:
@@ -552,6 +571,8 @@ def evaluate(fn, backend, loss, prep, device="cpu", jit=False, standard="strict"
     except Exception as error:  # noqa: BLE001 - e.g. a wrong output shape
         outcome.error = f"could not judge the output: {type(error).__name__}: {error}"
         return "error", None, outcome
+    if outcome.written:
+        return "writes input", judgement, outcome
     return judgement.kind, judgement, outcome
 
 
@@ -614,6 +635,7 @@ def _failure(name, imports, call, fn, backend, loss, prep, label, mode, dev, kin
     """The failure of the whole case (its problems, at their real size), reproduced by the
     first of the case's first 16 rows that fails the same way (else by the whole case)."""
     problems = judgement.problems if judgement is not None else [outcome.error or "failed"]
+    problems = [f"{B.WRITTEN} {n} (it differs after the call)" for n in outcome.written] + problems
     loss = prep.case.info
     small = prep
     for i in range(min(prep.hidden.shape[0], 16) if prep.hidden.shape[0] > 1 else 0):
@@ -671,10 +693,7 @@ class LinearCheckReport(CheckReport):
                          f"case {f.case}")  # fmt: skip
             lines += [f"   {p}" for p in f.problems[:4]]
             lines.append(f"   reproduce: {f.reproducer}")
-        if self.unsupported:
-            lines.append("Unsupported by the candidate (it raised; those cases were not judged):")
-            for feature, repro in self.unsupported.items():
-                lines.append(f"  - {FEATURES[feature]}: {repro}")
+        lines += unsupported_lines(self.unsupported)
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -698,9 +717,10 @@ def _validate(info, options: dict, skip, dtypes, max_examples) -> list[str]:
                and not hasattr(v, "shape") and not isinstance(v, (list, tuple))}  # fmt: skip
     info.spec(*info.sample_inputs(), **scalars)  # the spec's own one-sentence errors
     for region in skip:
-        if region not in REGIONS:
+        if region not in REGIONS + (ACCEPT_ALL_IGNORED_NAN,):
             raise ValueError(
-                f"`skip` entries must be among {', '.join(REGIONS)}. Received: {region!r}."
+                f"`skip` entries must be among {', '.join(REGIONS)}, {ACCEPT_ALL_IGNORED_NAN}. "
+                f"Received: {region!r}."
             )
     dtypes = [dtypes] if isinstance(dtypes, str) else list(dtypes or ("float32", "float64"))
     if not dtypes:
@@ -757,6 +777,9 @@ def check(
     options = dict(options or {})
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
     dtypes = _validate(info, options, skip, dtypes, max_examples)
+    # not a region: the user accepts a NaN loss over an all-ignored batch (torch's 0 / 0)
+    accept_nan = ACCEPT_ALL_IGNORED_NAN in skip
+    skip = tuple(r for r in skip if r != ACCEPT_ALL_IGNORED_NAN)
     with_bias = bool(options.get("bias"))
     spec_options = {k: v for k, v in options.items() if k != "bias"}
     name, imports, call = _name_of(candidate)
@@ -808,6 +831,11 @@ def check(
             kind, judgement, outcome = evaluate(candidate, backend, info, prep, dev, jit,
                                                 standard)  # fmt: skip
             report.cases_judged += kind != "error"
+            if kind == ALL_IGNORED_NAN and accept_nan:
+                note = f"accepted (skip={ACCEPT_ALL_IGNORED_NAN!r}): {ALL_IGNORED_NAN}"
+                if note not in report.notes:
+                    report.notes.append(note)
+                continue
             if kind == "ok":
                 continue
             key = (kind, case.region)
@@ -821,7 +849,7 @@ def check(
             hazards[key] = Hazard(failure, case.region, 1, [dtype])
         if hazards and stop_at_first:
             break
-    order = {"non-finite": 0, "accuracy": 1, "error": 2}
+    order = {"non-finite": 0, "writes input": 1, "accuracy": 2, "error": 3, ALL_IGNORED_NAN: 4}
     report.hazards = sorted(hazards.values(), key=lambda h: order.get(h.failure.kind, 3))
     if report.cases_judged == 0 and not report.hazards:
         report.notes.append("nothing was judged: every case used a feature the candidate lacks")

@@ -11,7 +11,7 @@ from collections import defaultdict
 import numpy as np
 
 from .. import losses
-from .runner import RunResult
+from .runner import JUDGED, RunResult
 
 COLUMNS = ("loss", "backend", "dtype", "device", "mode")
 
@@ -35,7 +35,7 @@ def summary_rows(result: RunResult, keys=("loss", "impl", "dtype", "device", "mo
     """One row per group: cases, worst ULP, worst err/tol, non-finite, accuracy, errors."""
     rows = []
     for key, records in sorted(_group(result.records, keys).items()):
-        judged = [r for r in records if r.kind in ("ok", "non-finite", "accuracy")]
+        judged = [r for r in records if r.kind in JUDGED]
         worst = max(judged, key=lambda r: r.ratio, default=None)
         rows.append({
             **dict(zip(keys, key, strict=True)),
@@ -410,7 +410,7 @@ def write_markdown(result: RunResult, directory: str) -> str:
     lines += ["", "## Failures", ""]
     if not result.failures:
         lines.append("None.")
-    for kind in ("non-finite", "accuracy", "error"):
+    for kind in ("non-finite", "writes input", "accuracy", "error"):
         group = [f for f in result.failures if f.kind == kind]
         if group:
             lines += [f"### {kind} ({len(group)})", ""]

@@ -18,8 +18,11 @@ import numpy as np
 from . import backends as B
 from . import devices as D
 from .cases import LOSSES, Case, make_cases
+from .tolerance import ALL_IGNORED_NAN, ALL_IGNORED_NAN_NOTE, ulp
 from .tolerance import judge as _judge
-from .tolerance import ulp
+
+# the kinds of a call that was judged (the others: error, compile-error, skipped)
+JUDGED = ("ok", "non-finite", "accuracy", "writes input", ALL_IGNORED_NAN)
 
 
 @dataclass
@@ -110,7 +113,7 @@ class RunResult:
 
     @property
     def judged(self) -> int:
-        return sum(r.kind in ("ok", "non-finite", "accuracy") for r in self.records)
+        return sum(r.kind in JUDGED for r in self.records)
 
     @property
     def ok(self) -> bool:
@@ -189,6 +192,9 @@ def evaluate(
     except Exception as error:  # noqa: BLE001 - e.g. a wrong output shape
         outcome.error = f"could not judge the output: {type(error).__name__}: {error}"
         return "error", None, outcome
+    if outcome.written:
+        # a hazard of its own kind whatever the value (a user reads the input afterwards)
+        return "writes input", judgement, outcome
     return judgement.kind, judgement, outcome
 
 
@@ -221,11 +227,19 @@ def minimise(
 def make_failure(impl, prep, device_label, mode, kind, judgement, outcome) -> Failure:
     if judgement is not None:
         problems = judgement.nonfinite + judgement.inaccurate
+        if judgement.all_ignored_nan:
+            problems = problems + [f"{ALL_IGNORED_NAN}: {ALL_IGNORED_NAN_NOTE}"]
         expected_value, received_value = judgement.expected_value, judgement.received_value
         expected_grad, received_grad = judgement.expected_grad, judgement.received_grad
     else:
         problems = [outcome.error or "failed"]
         expected_value = received_value = expected_grad = received_grad = None
+    written = getattr(outcome, "written", ())
+    problems = [
+        f"{B.WRITTEN} {name} (it differs after the call: a caller who reads it "
+        "afterwards reads what the loss left there)"
+        for name in written
+    ] + problems
     return Failure(
         kind=kind,
         loss=prep.case.loss,
@@ -243,7 +257,7 @@ def make_failure(impl, prep, device_label, mode, kind, judgement, outcome) -> Fa
         received_value=received_value,
         expected_grad=expected_grad,
         received_grad=received_grad,
-        reproducer=B.reproducer(impl, prep, device_label),
+        reproducer=B.reproducer(impl, prep, device_label, written=written),
         scaled_error=0.0 if judgement is None else judgement.scaled_error,
     )
 
@@ -360,7 +374,7 @@ def run_matrix(
     result.config["precision"] = D.pin_precision(backends)
     plan = []  # (impl, device_label, device, mode)
     for impl in implementations:
-        result.notes += impl.notes
+        result.notes += [n for n in impl.notes if n not in result.notes]
         if impl.loss not in losses:
             continue
         if impl.fn is None:
@@ -460,7 +474,7 @@ def run_matrix(
                     )
     bar.close()
     judged = {(r.impl, r.loss, r.device, r.mode) for r in result.records
-              if r.kind in ("ok", "non-finite", "accuracy")}  # fmt: skip
+              if r.kind in JUDGED}  # fmt: skip
     for impl, label, _, mode in plan:
         if (impl.name, impl.loss, label, mode) in judged:
             continue

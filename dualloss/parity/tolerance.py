@@ -149,7 +149,9 @@ tolerance gets more terms:
   truth is 1.7e-24, next to entries of 0.1, is a rounding of that tensor, not a bug.
 
 - a mean over zero elements (every target ignored) is 0 / 0: dualloss defines it as 0
-  (DESIGN.md section 5), torch as NaN; either value is accepted (its gradient must be finite).
+  (DESIGN.md section 5), torch as NaN. A NaN there with finite gradients is not a non-finite
+  failure but a hazard of its own kind, ``ALL_IGNORED_NAN`` (issue 28: a NaN loss summed across
+  micro-batches ruins a run), which the user may accept; a NaN gradient there is non-finite.
 
 What still fails: anything non-finite where the math is finite, and anything wrong at its own
 scale: ``log(p + 1e-8)`` returns 18.4 where a confidently wrong row's loss is 100 (error 82,
@@ -180,13 +182,38 @@ error model is the value's, per piece, with that gradient's coefficient:
 * a sum over n terms (every option gradient but the targets') adds pairwise summation,
   (1 + ceil(log2 n)) u sum |terms|, each term's scale bounding its size: the summed scale is
   (2 + ceil(log2 n)) sum scale.
-* practical: K u (|reference| + scale / divisor) + K u max|gradient| + the underflow term;
+* practical: K u (|reference| + scale / divisor) + K u max|gradient| + the underflow term +
+  the rounded-probability allowance of the next section;
   strict: STRICT_ULPS ulp(reference) + u scale / divisor + STRICT_FORGIVEN TINY (1 + g)
   max|weights| (one rounding of each piece at its size plus the one-ULP input spread, which the
   kappa_c and |x| terms carry), and for float16 / bfloat16 the float32 tolerance plus one
   rounding to the half dtype, as for the logits gradient.
 * the scales are formed times 2**-16 (exact), so that logits near half the float64 range do
   not overflow them, and u is divided by it again.
+
+One allowance for every judged quantity (practical; issue 28)
+-------------------------------------------------------------
+
+The textbook focal loss forms 1 - p from a rounded p: q = 1 - p carries an absolute error u p,
+which no input rounding explains and which is largest exactly where q is tiny (a confident,
+correct element). Every judged quantity of a focal loss gets the change this causes, derived
+once: r = max(|((q + u p) / q)^g - 1|, |((q + u p) / q)^(g - 1) - 1|), the relative change of the
+focal weight q^g and of its derivative g q^(g - 1) (``_rounded_probability``), times the size of
+the terms that carry them:
+
+* softmax value and logit gradient: ``_textbook_focal_allowance`` (the exact change of q^g and
+  of v_c);
+* sigmoid value: r |loss|; logit gradient: r (|m' ce dq/dx| + |m dce/dx|)
+  (``_sigmoid_focal_terms``);
+* target and option gradients (weight, alpha, gamma, pos_weight, label_smoothing): r times that
+  gradient's terms, m_c |log p_c| (1 + |log(1 - p_c)|) per class (softmax) or m (1 + |x|)
+  (1 + |log(1 - p_t)|) per element (sigmoid), with the coefficients and sums of the section
+  above.
+
+So torchvision's ``ce * (1 - p_t) ** gamma`` at x = -20, t = 0 in float64 (its target gradient
+off by a relative u / p = 6e-8, as its value is) passes, and a target gradient that lacks a term
+(the focal weight detached) still fails: r is below 2 g u wherever p <= 1/2, where such a term is
+of the gradient's own size. Cross entropy (g = 0) gets nothing from it.
 
 A gradient the candidate cannot give (autograd returns none, or differentiating raises) is not
 judged: ``check`` lists it as "gradient w.r.t. ... not available" with a reproducer.
@@ -241,6 +268,17 @@ K = 8.0
 VISIBLE = 2.0**-10
 # "strict": dualloss's own backends; "practical": users' code (`parity.check`)
 STANDARDS = ("strict", "practical")
+# the kind of a call whose mean over an all-ignored batch is NaN (0 / 0) with finite gradients
+# (issue 28): a hazard of its own, which ``check(skip=(ACCEPT_ALL_IGNORED_NAN,))`` accepts
+ALL_IGNORED_NAN = "NaN loss on an all-ignored batch"
+ACCEPT_ALL_IGNORED_NAN = "all_ignored_nan"
+ALL_IGNORED_NAN_NOTE = (
+    "the value is NaN on a batch whose every target is ignored (a mean over zero elements, "
+    "0 / 0; the spec gives 0) while the gradients are finite. torch's F.cross_entropy does the "
+    "same by design; an all-ignored micro-batch is routine in LLM training (padding, prompt-only "
+    "sequences) and a NaN loss logged or summed across micro-batches ruins the run. "
+    f"skip=({ACCEPT_ALL_IGNORED_NAN!r},) accepts it (the gradients there are still judged)"
+)
 
 LOSSES = losses.NAMES
 
@@ -507,14 +545,20 @@ class Judgement:
     # gradients w.r.t. targets and options (``judge(input_grads=...)``), by name
     expected_input_grads: dict = field(default_factory=dict)
     received_input_grads: dict = field(default_factory=dict)
+    # practical: the value is NaN over an all-ignored batch (0 / 0), everything else finite
+    all_ignored_nan: bool = False
 
     @property
     def ok(self) -> bool:
-        return not self.nonfinite and not self.inaccurate
+        return not self.nonfinite and not self.inaccurate and not self.all_ignored_nan
 
     @property
     def kind(self) -> str:
-        return "non-finite" if self.nonfinite else ("accuracy" if self.inaccurate else "ok")
+        if self.nonfinite:
+            return "non-finite"
+        if self.inaccurate:
+            return "accuracy"
+        return ALL_IGNORED_NAN if self.all_ignored_nan else "ok"
 
 
 def _compare(what, expected, received, tolerance, dtype, nonfinite, inaccurate):
@@ -640,9 +684,13 @@ def judge(
         value_tolerance, grad_tolerance = _strict_tolerances(
             info, options, dtype, expected_value, expected_grad, intermediates, elements
         )
+    all_ignored_nan = False
     if practical and reduction == "mean" and _mean_is_empty(intermediates):
-        # 0 / 0: torch's NaN is as good as dualloss's 0 (module docstring)
-        value = np.where(np.isnan(np.asarray(value, dtype=np.float64)), expected_value, value)
+        # 0 / 0: torch's NaN is a hazard of its own kind, not a non-finite failure (module
+        # docstring); its gradients are judged as usual
+        received = np.asarray(value, dtype=np.float64)
+        all_ignored_nan = bool(np.any(np.isnan(received)))
+        value = np.where(np.isnan(received), expected_value, value)
     nonfinite: list[str] = []
     inaccurate: list[str] = []
     worst_value_ulp, value_ratio = _compare(
@@ -687,6 +735,7 @@ def judge(
         worst_ratio=max(value_ratio, grad_ratio),
         expected_input_grads=expected_inputs,
         received_input_grads=received_inputs,
+        all_ignored_nan=all_ignored_nan,
     )
 
 
@@ -698,6 +747,14 @@ def _practical_tolerances(
     reduction = options.get("reduction", "mean")
     element_options = dict(options, reduction="none")
     value_scale, grad_scale = _SCALES[info.family](info, intermediates, element_options)
+    if not info.is_softmax and intermediates.focal is not None:
+        # the rounded probability p_t (1 - p_t formed from it): r times the terms that carry
+        # the focal weight, the allowance every judged quantity gets (softmax:
+        # ``_textbook_focal_allowance``); in units of u, as the scales are
+        value_terms, grad_terms = _sigmoid_focal_terms(info, intermediates, element_options)
+        rounding = _probability_rounding(info, intermediates, element_options, u) / u
+        value_scale = value_scale + rounding * value_terms
+        grad_scale = grad_scale + rounding * grad_terms
     underflow = K * SMALLEST_NORMAL[dtype] * _underflow_multiplier(info, options)
     with np.errstate(all="ignore"):
         if reduction == "none":
@@ -760,15 +817,62 @@ def _textbook_focal_allowance(info, elements, options, u):
     return value, np.moveaxis(grad, -1, elements.axis)
 
 
+def _rounded_probability(gamma: float, log_p, log_q, u: float) -> np.ndarray:
+    """r: the largest relative change of (1 - p)^gamma and of gamma (1 - p)^(gamma - 1) when
+    q = 1 - p moves by u p, the absolute error of forming 1 - p from a rounded p (module
+    docstring, "One allowance for every judged quantity"); 0 for gamma = 0 and where p = 1."""
+    if gamma == 0.0:
+        return np.zeros(np.shape(log_p))
+    with np.errstate(all="ignore"):
+        step = np.log1p(u * np.exp(np.asarray(log_p) - np.asarray(log_q)))  # log(1 + u p / q)
+        r = np.maximum(np.abs(np.expm1(gamma * step)), np.abs(np.expm1((gamma - 1.0) * step)))
+    return np.where(np.isfinite(r), r, 0.0)
+
+
+def _sigmoid_focal_terms(info, elements, options):
+    """|loss| per element and |t1| + |t2| of its logit gradient d(a m ce)/dx = a (m' ce dq/dx +
+    m dce/dx), m = q^gamma, q = 1 - p_t, dq/dx = -(2t - 1) p (1 - p), dce/dx = p - t: the terms
+    that the focal weight multiplies (logits shape, float64)."""
+    gamma = info.gamma(options)
+    focal = elements.focal
+    with np.errstate(all="ignore"):
+        x, t = elements.x, elements.t
+        log_p = -np.logaddexp(0.0, -x)
+        log_not_p = -np.logaddexp(0.0, x)
+        loss = np.abs(focal.loss)
+        slope = gamma * np.abs(2.0 * t - 1.0) * np.exp(log_p + log_not_p - focal.log_not_pt)
+        first = slope * loss
+        second = np.abs(focal.alpha_t) * focal.focal_weight * np.abs(np.exp(log_p) - t)
+        grad = np.where(np.isfinite(first), first, 0.0) + np.where(np.isfinite(second), second, 0)
+    return np.where(np.isfinite(loss), loss, 0.0), grad
+
+
+def _probability_rounding(info, elements, options, u) -> np.ndarray:
+    """``_rounded_probability`` per class (softmax, class axis last) or per element (sigmoid,
+    the logits' shape, with p the probability of the target p_t)."""
+    gamma = info.gamma(options)
+    if info.is_softmax:
+        terms = elements.terms
+        return _rounded_probability(gamma, terms.log_p, terms.log_not_p, u)
+    if elements.focal is None:
+        return np.zeros(np.shape(elements.x))
+    log_not_pt = elements.focal.log_not_pt
+    with np.errstate(all="ignore"):
+        log_pt = np.log(-np.expm1(log_not_pt))
+    return _rounded_probability(gamma, log_pt, log_not_pt, u)
+
+
 # ----------------------------------------------------------------------------------------------
 # Gradients w.r.t. the targets and the options
 # ----------------------------------------------------------------------------------------------
 
 
-def _softmax_input_scale(info, elements, logits, targets, options, name):
+def _softmax_input_scale(info, elements, logits, targets, options, name, rounding=None):
     """The scale of d(loss)/d`name` (module docstring, "Gradients w.r.t. targets and options"):
     per target entry (class axis last) for 'targets', per class for a class vector, a number
-    for the scalars; before the division by the mean's denominator."""
+    for the scalars; before the division by the mean's denominator. With `rounding` (per class,
+    ``_probability_rounding``) each class's unit of mass is scaled by it: the rounded-probability
+    allowance of the module docstring."""
     gamma = info.gamma(options)
     eps = float(options.get("label_smoothing", 0.0))
     vector = info.class_vector
@@ -784,6 +888,9 @@ def _softmax_input_scale(info, elements, logits, targets, options, name):
         # one unit of mass: g_c = -(1 - p_c)^gamma log p_c and the error of computing it (in
         # units of 1 / SHRINK: logits near half the float64 range would overflow the sums)
         unit = terms.focal_weight * (SHRINK + SHRINK * kappa + SHRINK * finite_log_p) * power_error
+        if rounding is not None:
+            # the size of the focal weight's terms alone: m_c |log p_c| (1 + |log(1 - p_c)|)
+            unit = terms.focal_weight * SHRINK * finite_log_p * (1.0 + log_not_p) * rounding
         unit = np.where(elements.keep[..., None] & elements.valid & np.isfinite(unit), unit, 0.0)
         weights = options.get(vector) if vector else None
         class_weight = 1.0 if weights is None else np.abs(np.asarray(weights, dtype=np.float64))
@@ -824,9 +931,11 @@ def _softmax_input_scale(info, elements, logits, targets, options, name):
         return np.float64(summation * np.sum(flat))
 
 
-def _sigmoid_input_scale(info, elements, options, name, shape):
+def _sigmoid_input_scale(info, elements, options, name, shape, rounding=None):
     """The scale of d(loss)/d`name` for a sigmoid loss (module docstring), summed to `shape`
-    (the option's, or the logits' for 'targets'); before the division by the mean's divisor."""
+    (the option's, or the logits' for 'targets'); before the division by the mean's divisor.
+    With `rounding` (per element, ``_probability_rounding``) each element's scale is scaled by
+    it before the sum."""
     gamma = info.gamma(options)
     with np.errstate(all="ignore"):
         x, t, w, q = elements.x, elements.t, np.abs(elements.w), np.abs(elements.q)
@@ -843,6 +952,9 @@ def _sigmoid_input_scale(info, elements, options, name, shape):
             focal = elements.focal
             log_not_pt = np.where(np.isfinite(focal.log_not_pt), np.abs(focal.log_not_pt), 0.0)
             base = focal.focal_weight * grow * (1.0 + gamma * (1.0 + log_not_pt))
+            if rounding is not None:
+                # the size of the focal weight's terms alone, times the rounding
+                base = focal.focal_weight * grow * (1.0 + log_not_pt) * rounding
             alpha = options.get("alpha")
             slope = 0.0 if alpha is None else abs(2.0 * float(alpha) - 1.0)
             if name == "targets":
@@ -872,21 +984,29 @@ def _input_grad_tolerance(info, logits, targets, options, dtype, standard, name,
     """Tolerance of the gradient w.r.t. `name` (module docstring, both standards)."""
     reduction = options.get("reduction", "mean")
     element_options = dict(options, reduction="none")
-    if info.is_softmax:
-        scale = _softmax_input_scale(info, intermediates, logits, np.asarray(targets),
-                                     element_options | {"reduction": reduction}, name)  # fmt: skip
-        if name == "targets":
-            scale = np.moveaxis(scale, -1, intermediates.axis)
-    else:
-        scale = _sigmoid_input_scale(info, intermediates, element_options, name, np.shape(expected))
+
+    def scale_of(rounding=None):
+        if info.is_softmax:
+            scale = _softmax_input_scale(info, intermediates, logits, np.asarray(targets),
+                                         element_options | {"reduction": reduction}, name,
+                                         rounding)  # fmt: skip
+            return np.moveaxis(scale, -1, intermediates.axis) if name == "targets" else scale
+        return _sigmoid_input_scale(info, intermediates, element_options, name,
+                                    np.shape(expected), rounding)  # fmt: skip
+
+    scale = scale_of()
     divisor = _mean_divisor(intermediates) if reduction == "mean" else 1.0
     multiplier = _underflow_multiplier(info, options)
     with np.errstate(all="ignore"):
         if standard == "practical":
             u = UNIT_ROUNDOFF[dtype]
+            # the rounded probability (1 - p formed from p), as the value and logits get it
+            rounding = _probability_rounding(info, intermediates, element_options, u)
+            rounded = scale_of(rounding) if np.any(rounding) else 0.0
             return (
                 K * u * np.abs(expected)
                 + (K * u / SHRINK) * scale / divisor
+                + (K / SHRINK) * rounded / divisor
                 + K * u * _largest(expected)
                 + K * SMALLEST_NORMAL[dtype] * multiplier
             )
