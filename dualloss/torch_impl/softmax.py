@@ -3,7 +3,7 @@
 Sections as in ``spec.softmax``: the core (the spec's ``_log_softmax``, ``_focal_phi`` and terms,
 dense and sparse), the class-index fast path (``_SoftmaxAtTarget``), the reductions, the public
 functions. The math lives in ``dualloss.spec.softmax``. May import ``_inputs`` and
-``_autodiff``; never ``linear``, ``sigmoid``, ``dropins`` or ``kernels``' callers above it.
+``_autodiff`` and ``_kernels``; never ``linear``, ``sigmoid`` or ``dropins``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .. import _checks
-from . import _inputs
+from . import _inputs, _kernels
 from ._autodiff import (
     _frees_saved_tensors,
     _inplace,
@@ -458,6 +458,91 @@ def _at_target(logits, class_weight, label_smoothing, is_index):
 
 
 # ----------------------------------------------------------------------------------------------
+# Triton kernels (DESIGN 11): class-index targets without smoothing or `where`, on CUDA
+# ----------------------------------------------------------------------------------------------
+
+_TRITON = None  # kernels.softmax, its custom op's autograd registered on first use
+
+
+def _triton_setup_context(ctx, inputs, output):
+    z, y, w, gamma, ignore_index, _, _ = inputs
+    ctx.save_for_backward(z, y, w, output[2])
+    ctx.gamma, ctx.ignore_index = gamma, ignore_index
+    ctx.grad_is_private = _saved_tensors_are_private()
+
+
+def _triton_backward(ctx, grad_loss, grad_count, grad_grad):
+    """The gradient the forward kernel wrote, scaled row by row (one launch); under
+    ``create_graph=True`` the eager closed form of the saved logits instead, in differentiable
+    ops, so second derivatives exist as on the eager path."""
+    z, y, w, grad = ctx.saved_tensors
+    if grad_loss is None or not ctx.needs_input_grad[0]:
+        return None, None, None, None, None, None, None
+    if torch.is_grad_enabled():
+        grad = _softmax_loss_or_grad(z, y, None, w, 1, ctx.gamma, ctx.ignore_index, 0.0, grad_loss)
+    elif grad.numel() != z.numel():
+        # half precision: recomputed with the incoming gradient, one rounding
+        grad = _TRITON.softmax_index_bwd(z, y, w, ctx.gamma, ctx.ignore_index, grad_loss)
+    elif ctx.grad_is_private and _frees_saved_tensors():
+        # the graph's last backward: the kernel's own buffer scaled in place (no second N x C)
+        grad = _TRITON.scale_rows_into(grad, grad_loss, grad)
+    else:
+        grad = _TRITON.scale_rows(grad, grad_loss)
+    return grad, None, None, None, None, None, None
+
+
+def _triton_ops():
+    global _TRITON
+    if _TRITON is None:
+        ops = _kernels.softmax_ops()
+        ops.softmax_index_fwd.register_autograd(
+            _triton_backward, setup_context=_triton_setup_context
+        )
+        _TRITON = ops
+    return _TRITON
+
+
+def _in_transform() -> bool:
+    """A torch.func transform is active (its batched or dual tensors take the eager path)."""
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._functorch.maybe_current_level() is not None
+
+
+def _takes_triton(logits, class_weight, label_smoothing, where, is_index):
+    """Whether the Triton kernel computes this call (``torch_impl.kernels`` decides where)."""
+    return (
+        is_index
+        and label_smoothing == 0.0
+        and where is None
+        and (class_weight is None or not class_weight.requires_grad)
+        and not _in_transform()
+        and _kernels.use_triton(logits)
+    )
+
+
+def _softmax_triton(logits, targets, class_weight, axis, gamma, ignore_index, weighted_count):
+    """Per-element loss (compute dtype, the targets' shape) and the mean's per-element count:
+    the target's class weight (`weighted_count`, torch's weighted mean) or 1, 0 where ignored."""
+    shape = logits.shape
+    before = math.prod(shape[:axis])
+    after = math.prod(shape[axis + 1 :])
+    z = logits.reshape(before, shape[axis], after)
+    if not z.is_contiguous():
+        z = z.contiguous()
+    y = targets.reshape(before, after)
+    ops = _triton_ops()
+    # float32/float64 keep the gradient from forward (backward scales it); half precision
+    # recomputes it in backward rather than round it twice
+    keeps_grad = z.dtype in (torch.float32, torch.float64)
+    needs_grad = torch.is_grad_enabled() and logits.requires_grad and keeps_grad
+    loss, count, _ = ops.softmax_index_fwd(
+        z, y, class_weight, float(gamma), ignore_index, weighted_count, needs_grad
+    )
+    return loss.reshape(targets.shape), count
+
+
+# ----------------------------------------------------------------------------------------------
 # Reductions
 # ----------------------------------------------------------------------------------------------
 
@@ -483,6 +568,22 @@ def _softmax(
     logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index = (
         _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where)
     )
+    if _takes_triton(logits, class_weight, label_smoothing, where, is_index):
+        # the mean's denominator comes out of the kernel: torch's weighted mean for the
+        # weighted cross entropy, the kept elements otherwise (0 kept: a mean of 0)
+        weighted = not is_focal and class_weight is not None
+        loss, count = _softmax_triton(
+            logits, targets, class_weight, axis, gamma, ignore_index, weighted
+        )
+        if reduction == "mean":
+            total = loss.sum()
+            info = torch.finfo(count.dtype)
+            # a zero count has a zero total and no gradient: 0 / (the smallest normal) = 0, and
+            # 1 / tiny stays finite (a kept weight sum below it would be read as tiny)
+            loss = total / count.sum().clamp_min(info.tiny)
+        elif reduction == "sum":
+            loss = loss.sum()
+        return loss.to(logits.dtype)
     if _at_target(logits, class_weight, label_smoothing, is_index):
         loss = _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index)
     else:

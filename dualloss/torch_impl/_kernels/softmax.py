@@ -1,0 +1,301 @@
+"""Triton kernels of the softmax losses with class-index targets (``spec.softmax`` closed forms).
+
+One program per row (a row: the C logits of one element, read with the class stride, so
+``(N, C, d1, ...)`` needs no copy). Pass 1 is an online pass over the row: the largest logit
+z_top, its index (the first on ties) and s = sum_{j != top} exp(z_j - z_top), formed without the
+top's 1 (``spec._log_softmax``), so log1p(s) keeps a confident row's tiny loss. The loss of the
+row follows from z_y, z_top and s alone (``spec._softmax_focal_terms`` with a one-hot target
+mass a_y at y). When a gradient is asked for, pass 2 writes it into a buffer of the logits' shape
+and dtype: p_j v off the target, -(1 - p_y) v at it (``_softmax_focal_terms_sparse``). Backward
+scales that buffer by the incoming gradient, row by row (``scale_rows``): two launches in all,
+and nothing written into the caller's tensors.
+
+Arithmetic in float32 for half inputs, float64 for float64. On CUDA ``exp``/``log``/``log1p`` are
+libdevice's (correctly rounded to within an ULP) rather than the fast approximations; under the
+interpreter NumPy's, with log1p from log by Kahan's formula.
+
+May import torch, triton and ``_triton``; never the family modules.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra import libdevice
+
+from ._triton import interpreted
+
+_EXACT = not interpreted()
+
+
+@triton.jit
+def _exp(x, EXACT: tl.constexpr):
+    if EXACT:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _log(x, EXACT: tl.constexpr):
+    if EXACT:
+        return libdevice.log(x)
+    else:
+        return tl.log(x)
+
+
+@triton.jit
+def _log1p(x, EXACT: tl.constexpr):
+    if EXACT:
+        return libdevice.log1p(x)
+    else:
+        # Kahan: log(u) x / (u - 1) with u = 1 + x rounded, within a few ULP (x where u is 1)
+        u = 1.0 + x
+        d = u - 1.0
+        return tl.where(d == 0.0, x, _log(u, EXACT) * (x / tl.where(d == 0.0, 1.0, d)))
+
+
+@triton.jit
+def _softmax_index_kernel(
+    z_ptr, y_ptr, w_ptr, loss_ptr, count_ptr, grad_ptr, scale_ptr, scale_stride,
+    C, D, stride_n, stride_c, stride_d,
+    gamma, ignore_index, tiny, eps,
+    HAS_W: tl.constexpr, WEIGHTED_COUNT: tl.constexpr, NEEDS_GRAD: tl.constexpr,
+    FOCAL: tl.constexpr, HAS_SCALE: tl.constexpr,
+    ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    n = row // D
+    d = row - n * D
+    base = n * stride_n + d * stride_d
+    cols = tl.arange(0, BLOCK)
+    inf = float("inf")
+
+    # pass 1: z_top, top (first on ties) and s = sum_{j != top} exp(z_j - z_top), online
+    z_top = tl.full((), -inf, ACC)
+    top = tl.full((), 0, tl.int64)
+    s = tl.full((), 0.0, ACC)
+    has_nan = tl.full((), 0, tl.int32)
+    for start in range(0, C, BLOCK):
+        j = start + cols
+        inside = j < C
+        z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-inf).to(ACC)
+        has_nan = has_nan | tl.max((z != z).to(tl.int32), 0)
+        block_top = tl.max(z, 0)
+        # the first index of the block's largest logit
+        block_at = tl.min(tl.where(z == block_top, j, C), 0)
+        new_top = block_top > z_top
+        m = tl.where(new_top, block_top, z_top)
+        # -inf logits (and the padding) add exactly 0, also where m is still -inf
+        terms = tl.where(z == -inf, 0.0, _exp(z - m, EXACT))
+        terms = tl.where(j == block_at, tl.where(new_top, 0.0, terms), terms)
+        # the old top joins the others, rescaled: (s + 1) exp(z_top - m)
+        old = tl.where(z_top == -inf, 0.0, (s + 1.0) * _exp(z_top - m, EXACT))
+        s = tl.where(new_top, old, s) + tl.sum(terms, 0)
+        top = tl.where(new_top, block_at.to(tl.int64), top)
+        z_top = m
+
+    # a NaN or +inf logit (or a row of -inf) gives NaN, never a number
+    log1p_s = _log1p(s, EXACT) + 0.0 * z_top
+    log1p_s = tl.where(has_nan != 0, float("nan"), log1p_s)
+    y = tl.load(y_ptr + row)
+    keep = y != ignore_index
+    y = tl.where(keep, y, 0)
+    if HAS_W:
+        a_y = tl.load(w_ptr + y).to(ACC)
+    else:
+        a_y = tl.full((), 1.0, ACC)
+    a_y = tl.where(keep, a_y, 0.0)
+    z_y = tl.load(z_ptr + base + y * stride_c).to(ACC)
+    is_top = y == top
+    log_p = (z_y - z_top) - log1p_s
+    p = _exp(log_p, EXACT)
+    # 1 - p_top = s / (1 + s), never formed as 1 - p
+    not_p = tl.where(is_top, s / (1.0 + s), 1.0 - p)
+    if FOCAL:
+        # log(1 - p): log s - log1p(s) at a top with s < 1, log1p(-p) elsewhere
+        is_normal = s >= tiny
+        log_s = tl.where(is_normal, _log(tl.where(is_normal, s, 1.0), EXACT), -inf)
+        from_s = is_top & (s < 1.0)
+        log_not_p = tl.where(from_s, log_s - log1p_s, _log1p(-tl.where(from_s, 0.0, p), EXACT))
+        # (1 - p)^gamma = exp(gamma log(1 - p))
+        focal_weight = _exp(gamma * log_not_p, EXACT)
+        # phi(p) = p log p / (1 - p): -log1p(s) / s at the top (-1 + s / 2 below s = eps)
+        is_big = s > eps
+        phi_top = tl.where(is_big, -log1p_s / tl.where(is_big, s, 1.0), s / 2.0 - 1.0)
+        has_p = (p > 0.0) & (is_top == 0)
+        phi_rest = tl.where(
+            has_p, p * tl.where(has_p, log_p, 0.0) / tl.where(has_p, not_p, 1.0), 0.0
+        )
+        phi = tl.where(is_top, phi_top, phi_rest)
+        weighted = a_y * focal_weight
+        v = weighted * (1.0 - gamma * phi)
+    else:
+        weighted = a_y
+        v = a_y
+    # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
+    loss = -(weighted * tl.where((a_y == 0.0) & (log_p == -inf), 0.0, log_p))
+    # ignored elements give 0, whatever their logits
+    tl.store(loss_ptr + row, tl.where(keep, loss, 0.0))
+    if WEIGHTED_COUNT:
+        tl.store(count_ptr + row, a_y)
+    else:
+        tl.store(count_ptr + row, keep.to(ACC))
+
+    if NEEDS_GRAD:
+        # pass 2: p_j v off the target, -(1 - p_y) v at it; an ignored row gets 0
+        if HAS_SCALE:
+            # backward's recomputation: the incoming gradient folded in, one rounding
+            v = v * tl.load(scale_ptr + row * scale_stride).to(ACC)
+        at_y = -not_p * v
+        for start in range(0, C, BLOCK):
+            j = start + cols
+            inside = j < C
+            offsets = base + j.to(tl.int64) * stride_c
+            z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
+            grad = tl.where(j == y, at_y, _exp((z - z_top) - log1p_s, EXACT) * v)
+            grad = tl.where(keep, grad, 0.0)
+            tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _scale_rows_kernel(
+    g_ptr, scale_ptr, out_ptr, C, D, stride_n, stride_c, stride_d, scale_stride,
+    ACC: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    n = row // D
+    d = row - n * D
+    base = n * stride_n + d * stride_d
+    scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
+    cols = tl.arange(0, BLOCK)
+    for start in range(0, C, BLOCK):
+        j = start + cols
+        inside = j < C
+        offsets = base + j.to(tl.int64) * stride_c
+        g = tl.load(g_ptr + offsets, mask=inside, other=0.0).to(ACC)
+        tl.store(out_ptr + offsets, (g * scale).to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _block(num_classes: int) -> tuple[int, int]:
+    """Block over the class axis (a power of two, at most 4096) and the number of warps."""
+    block = min(triton.next_power_of_2(max(num_classes, 16)), 4096)
+    return block, (4 if block <= 1024 else 8 if block <= 2048 else 16)
+
+
+def _rows(z: Tensor) -> tuple[int, int, int, int, int, int]:
+    """(rows, C, D, stride_n, stride_c, stride_d) of logits `z` laid out (N, C, D)."""
+    n, c, d = z.shape
+    return n * d, c, d, z.stride(0), z.stride(1), z.stride(2)
+
+
+@torch.library.custom_op("dualloss::softmax_index_fwd", mutates_args=())
+def softmax_index_fwd(
+    z: Tensor,
+    y: Tensor,
+    w: Tensor | None,
+    gamma: float,
+    ignore_index: int,
+    weighted_count: bool,
+    needs_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """z (N, C, D) logits, y (N, D) int64 targets, w (C,) the class weight (compute dtype) or
+    None. Returns the per-element loss (N, D) and the mean's count (N, D): a_y (`weighted_count`)
+    or 1, 0 where ignored, both in the compute
+    dtype, and the gradient of the per-element loss (z's shape and dtype; empty without
+    `needs_grad`)."""
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    loss = torch.empty(y.shape, dtype=acc, device=z.device)
+    count = torch.empty(y.shape, dtype=acc, device=z.device)
+    grad = torch.empty_like(z) if needs_grad else z.new_empty(0)
+    _launch(z, y, w, gamma, ignore_index, weighted_count, loss, count, grad, None)
+    return loss, count, grad
+
+
+def _launch(z, y, w, gamma, ignore_index, weighted_count, loss, count, grad, scale):
+    rows, c, d, stride_n, stride_c, stride_d = _rows(z)
+    if rows == 0:
+        return
+    block, warps = _block(c)
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    info = torch.finfo(acc)
+    scale, scale_stride = _row_scale(scale)
+    _softmax_index_kernel[(rows,)](
+        z, y, w if w is not None else loss, loss, count, grad,
+        scale if scale is not None else loss, scale_stride,
+        c, d, stride_n, stride_c, stride_d,
+        float(gamma), int(ignore_index), info.tiny, info.eps,
+        HAS_W=w is not None, WEIGHTED_COUNT=weighted_count, NEEDS_GRAD=grad.numel() > 0,
+        FOCAL=gamma != 0.0, HAS_SCALE=scale is not None,
+        ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
+    )  # fmt: skip
+
+
+def _row_scale(scale):
+    """`scale` and its row stride: 0 for a scale expanded from one number (the mean's or the
+    sum's backward), read once per row without materialising it."""
+    if scale is None:
+        return None, 0
+    if scale.stride() == (0,) * scale.dim():
+        return scale, 0
+    return scale.contiguous(), 1
+
+
+@softmax_index_fwd.register_fake
+def _(z, y, w, gamma, ignore_index, weighted_count, needs_grad):
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    loss = y.new_empty(y.shape, dtype=acc)
+    grad = torch.empty_like(z) if needs_grad else z.new_empty(0)
+    return loss, loss.new_empty(y.shape), grad
+
+
+@torch.library.custom_op("dualloss::softmax_index_bwd", mutates_args=())
+def softmax_index_bwd(
+    z: Tensor, y: Tensor, w: Tensor | None, gamma: float, ignore_index: int, scale: Tensor
+) -> Tensor:
+    """The gradient of ``softmax_index_fwd``'s per-element loss times `scale` (N, D), recomputed
+    from the logits in one launch and rounded once to their dtype (half precision, where a
+    gradient kept from forward in the logits' dtype and then scaled would be rounded twice)."""
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    rows = torch.empty(y.shape, dtype=acc, device=z.device)
+    grad = torch.empty_like(z)
+    _launch(z, y, w, gamma, ignore_index, False, rows, rows, grad, scale)
+    return grad
+
+
+@softmax_index_bwd.register_fake
+def _(z, y, w, gamma, ignore_index, scale):
+    return torch.empty_like(z)
+
+
+@torch.library.custom_op("dualloss::scale_rows", mutates_args=())
+def scale_rows(g: Tensor, scale: Tensor) -> Tensor:
+    """g (N, C, D) times scale (N, D) broadcast along C, in g's dtype (float32 arithmetic for
+    half precision, one rounding)."""
+    return scale_rows_into(g, scale, torch.empty_like(g))
+
+
+def scale_rows_into(g: Tensor, scale: Tensor, out: Tensor) -> Tensor:
+    """``scale_rows`` written into `out` (`g` itself when the caller owns it and nothing reads
+    it again: the graph's last backward)."""
+    rows, c, d, stride_n, stride_c, stride_d = _rows(g)
+    if rows == 0:
+        return out
+    scale, scale_stride = _row_scale(scale)
+    block, warps = _block(c)
+    _scale_rows_kernel[(rows,)](
+        g, scale, out, c, d, stride_n, stride_c, stride_d, scale_stride,
+        ACC=_acc(g.dtype), BLOCK=block, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+@scale_rows.register_fake
+def _(g, scale):
+    return torch.empty_like(g)
