@@ -461,45 +461,53 @@ def _at_target(logits, class_weight, label_smoothing, is_index):
 # Triton kernels (DESIGN 11): class-index targets without smoothing or `where`, on CUDA
 # ----------------------------------------------------------------------------------------------
 
-_TRITON = None  # kernels.softmax, its custom op's autograd registered on first use
+_TRITON = None  # kernels.softmax, imported on first use
 
 
-def _triton_setup_context(ctx, inputs, output):
-    z, y, w, gamma, ignore_index, _, _ = inputs
-    ctx.save_for_backward(z, y, w, output[2])
-    ctx.gamma, ctx.ignore_index = gamma, ignore_index
-    ctx.grad_is_private = _saved_tensors_are_private()
+class _SoftmaxTriton(torch.autograd.Function):
+    """The kernels' forward and backward: the forward kernel writes the loss and, where a
+    gradient is needed, the gradient into a buffer of its own; backward scales that buffer (in
+    place in the graph's last backward) or, under ``create_graph=True``, returns the eager
+    closed form of the saved logits in differentiable ops, so second derivatives exist as on
+    the eager path. The buffers are saved, not returned: autograd keeps no views of them."""
 
-
-def _triton_backward(ctx, grad_loss, grad_count, grad_grad):
-    """The gradient the forward kernel wrote, scaled row by row (one launch); under
-    ``create_graph=True`` the eager closed form of the saved logits instead, in differentiable
-    ops, so second derivatives exist as on the eager path."""
-    z, y, w, grad = ctx.saved_tensors
-    if grad_loss is None or not ctx.needs_input_grad[0]:
-        return None, None, None, None, None, None, None
-    if torch.is_grad_enabled():
-        grad = _softmax_loss_or_grad(z, y, None, w, 1, ctx.gamma, ctx.ignore_index, 0.0, grad_loss)
-    elif grad.numel() != z.numel():
-        # half precision: recomputed with the incoming gradient, one rounding
-        grad = _TRITON.softmax_index_bwd(z, y, w, ctx.gamma, ctx.ignore_index, grad_loss)
-    elif ctx.grad_is_private and _frees_saved_tensors():
-        # the graph's last backward: the kernel's own buffer scaled in place (no second N x C)
-        grad = _TRITON.scale_rows_into(grad, grad_loss, grad)
-    else:
-        grad = _TRITON.scale_rows(grad, grad_loss)
-    return grad, None, None, None, None, None, None
-
-
-def _triton_ops():
-    global _TRITON
-    if _TRITON is None:
-        ops = _kernels.softmax_ops()
-        ops.softmax_index_fwd.register_autograd(
-            _triton_backward, setup_context=_triton_setup_context
+    @staticmethod
+    def forward(ctx, z, y, w, axis, gamma, ignore_index, reduction, weighted):
+        # float32/float64 keep the gradient from forward (backward scales it); half precision
+        # recomputes it in backward rather than round it twice
+        keeps_grad = ctx.needs_input_grad[0] and z.dtype in (torch.float32, torch.float64)
+        grad = torch.empty_like(z) if keeps_grad else None
+        loss = y.new_empty(y.shape if reduction == "none" else (), dtype=z.dtype)
+        acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+        denominator = loss.new_empty((), dtype=acc) if reduction == "mean" else None
+        _TRITON.softmax_index_fwd_(
+            z, y, w, axis, gamma, ignore_index, weighted, loss, denominator, grad
         )
-        _TRITON = ops
-    return _TRITON
+        ctx.save_for_backward(z, y, w, denominator, grad)
+        ctx.axis, ctx.gamma, ctx.ignore_index = axis, gamma, ignore_index
+        ctx.grad_is_private = _saved_tensors_are_private()
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        z, y, w, divisor, grad = ctx.saved_tensors
+        # the mean's backward divides the incoming gradient by the forward's denominator
+        if torch.is_grad_enabled():
+            scale = grad_loss if divisor is None else grad_loss / divisor
+            grad = _softmax_loss_or_grad(
+                z, y, None, w, ctx.axis, ctx.gamma, ctx.ignore_index, 0.0, scale
+            )
+        elif grad is None:
+            # half precision: recomputed with the incoming gradient, one rounding
+            grad = _TRITON.softmax_index_bwd(
+                z, y, w, ctx.axis, ctx.gamma, ctx.ignore_index, grad_loss, divisor
+            )
+        elif ctx.grad_is_private and _frees_saved_tensors():
+            # the graph's last backward: the kernel's buffer scaled in place (no second N x C)
+            _TRITON.scale_rows_(grad, ctx.axis, grad_loss, divisor)
+        else:
+            grad = _TRITON.scale_rows(grad, ctx.axis, grad_loss, divisor)
+        return grad, None, None, None, None, None, None, None
 
 
 def _in_transform() -> bool:
@@ -521,25 +529,17 @@ def _takes_triton(logits, class_weight, label_smoothing, where, is_index):
     )
 
 
-def _softmax_triton(logits, targets, class_weight, axis, gamma, ignore_index, weighted_count):
-    """Per-element loss (compute dtype, the targets' shape) and the mean's per-element count:
-    the target's class weight (`weighted_count`, torch's weighted mean) or 1, 0 where ignored."""
-    shape = logits.shape
-    before = math.prod(shape[:axis])
-    after = math.prod(shape[axis + 1 :])
-    z = logits.reshape(before, shape[axis], after)
-    if not z.is_contiguous():
-        z = z.contiguous()
-    y = targets.reshape(before, after)
-    ops = _triton_ops()
-    # float32/float64 keep the gradient from forward (backward scales it); half precision
-    # recomputes it in backward rather than round it twice
-    keeps_grad = z.dtype in (torch.float32, torch.float64)
-    needs_grad = torch.is_grad_enabled() and logits.requires_grad and keeps_grad
-    loss, count, _ = ops.softmax_index_fwd(
-        z, y, class_weight, float(gamma), ignore_index, weighted_count, needs_grad
+def _softmax_triton(logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction):
+    """The loss in the logits' dtype, reduced by the kernels: the mean divides by the kept
+    targets' class weights (`weighted`, torch's weighted mean) or their number."""
+    global _TRITON
+    if _TRITON is None:
+        _TRITON = _kernels.softmax_ops()
+    z = logits if logits.is_contiguous() else logits.contiguous()
+    y = targets if targets.is_contiguous() else targets.contiguous()
+    return _SoftmaxTriton.apply(
+        z, y, class_weight, axis, float(gamma), ignore_index, reduction, weighted
     )
-    return loss.reshape(targets.shape), count
 
 
 # ----------------------------------------------------------------------------------------------
@@ -569,21 +569,13 @@ def _softmax(
         _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where)
     )
     if _takes_triton(logits, class_weight, label_smoothing, where, is_index):
-        # the mean's denominator comes out of the kernel: torch's weighted mean for the
-        # weighted cross entropy, the kept elements otherwise (0 kept: a mean of 0)
+        # the kernel's op reduces: torch's weighted mean for the weighted cross entropy, the
+        # kept elements otherwise (0 kept: a mean of 0)
         weighted = not is_focal and class_weight is not None
-        loss, count = _softmax_triton(
-            logits, targets, class_weight, axis, gamma, ignore_index, weighted
+        loss = _softmax_triton(
+            logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction
         )
-        if reduction == "mean":
-            total = loss.sum()
-            info = torch.finfo(count.dtype)
-            # a zero count has a zero total and no gradient: 0 / (the smallest normal) = 0, and
-            # 1 / tiny stays finite (a kept weight sum below it would be read as tiny)
-            loss = total / count.sum().clamp_min(info.tiny)
-        elif reduction == "sum":
-            loss = loss.sum()
-        return loss.to(logits.dtype)
+        return loss
     if _at_target(logits, class_weight, label_smoothing, is_index):
         loss = _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index)
     else:

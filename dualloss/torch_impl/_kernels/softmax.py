@@ -19,6 +19,8 @@ May import torch, triton and ``_triton``; never the family modules.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
@@ -59,11 +61,13 @@ def _log1p(x, EXACT: tl.constexpr):
 
 @triton.jit
 def _softmax_index_kernel(
-    z_ptr, y_ptr, w_ptr, loss_ptr, count_ptr, grad_ptr, scale_ptr, scale_stride,
+    z_ptr, y_ptr, w_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride, divisor_ptr,
     C, D, stride_n, stride_c, stride_d,
     gamma, ignore_index, tiny, eps,
-    HAS_W: tl.constexpr, WEIGHTED_COUNT: tl.constexpr, NEEDS_GRAD: tl.constexpr,
-    FOCAL: tl.constexpr, HAS_SCALE: tl.constexpr,
+    HAS_W: tl.constexpr, WEIGHTED_COUNT: tl.constexpr, COUNT: tl.constexpr,
+    NEEDS_GRAD: tl.constexpr,
+    FOCAL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DIVISOR: tl.constexpr,
+    STORE_LOSS: tl.constexpr,
     ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
@@ -138,38 +142,76 @@ def _softmax_index_kernel(
     # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
     loss = -(weighted * tl.where((a_y == 0.0) & (log_p == -inf), 0.0, log_p))
     # ignored elements give 0, whatever their logits
-    tl.store(loss_ptr + row, tl.where(keep, loss, 0.0))
-    if WEIGHTED_COUNT:
-        tl.store(count_ptr + row, a_y)
-    else:
-        tl.store(count_ptr + row, keep.to(ACC))
+    if STORE_LOSS:
+        tl.store(loss_ptr + row, tl.where(keep, loss, 0.0).to(loss_ptr.dtype.element_ty))
+    if COUNT:
+        # the mean's count, `count_at` entries on in the same buffer
+        if WEIGHTED_COUNT:
+            tl.store(loss_ptr + count_at + row, a_y)
+        else:
+            tl.store(loss_ptr + count_at + row, keep.to(ACC))
 
     if NEEDS_GRAD:
         # pass 2: p_j v off the target, -(1 - p_y) v at it; an ignored row gets 0
         if HAS_SCALE:
             # backward's recomputation: the incoming gradient folded in, one rounding
-            v = v * tl.load(scale_ptr + row * scale_stride).to(ACC)
+            scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
+            if HAS_DIVISOR:
+                # the mean's backward: the incoming gradient over the forward's denominator
+                scale = scale / tl.load(divisor_ptr).to(ACC)
+            v = v * scale
         at_y = -not_p * v
+        # p_j v = exp(z_j - z_top) v / (1 + s): one rounded difference in the exponent (its
+        # error grows with |z_j - z_top|), where exp(z_j - z_top - log1p(s)) would have two;
+        # NaN where the row's loss is NaN
+        v_over = tl.where(log1p_s != log1p_s, float("nan"), v / (1.0 + s))
         for start in range(0, C, BLOCK):
             j = start + cols
             inside = j < C
             offsets = base + j.to(tl.int64) * stride_c
             z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
-            grad = tl.where(j == y, at_y, _exp((z - z_top) - log1p_s, EXACT) * v)
+            grad = tl.where(j == y, at_y, _exp(z - z_top, EXACT) * v_over)
             grad = tl.where(keep, grad, 0.0)
             tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
 
 @triton.jit
+def _reduce_kernel(
+    rows_ptr, out_ptr, denominator_ptr, R, tiny,
+    MEAN: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program: the sum of R per-element losses, divided for the mean by the sum of their
+    counts (the R entries after them; at least the smallest normal: none kept, a mean of 0);
+    in a fixed order, so the same inputs give the same bits on every run."""
+    cols = tl.arange(0, BLOCK)
+    total = tl.zeros((BLOCK,), ACC)
+    count = tl.zeros((BLOCK,), ACC)
+    for start in range(0, R, BLOCK):
+        inside = start + cols < R
+        total += tl.load(rows_ptr + start + cols, mask=inside, other=0.0)
+        if MEAN:
+            count += tl.load(rows_ptr + R + start + cols, mask=inside, other=0.0)
+    total_sum = tl.sum(total, 0)
+    if MEAN:
+        denominator = tl.maximum(tl.sum(count, 0), tiny)
+        tl.store(denominator_ptr, denominator)
+        total_sum = total_sum / denominator
+    tl.store(out_ptr, total_sum.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
 def _scale_rows_kernel(
-    g_ptr, scale_ptr, out_ptr, C, D, stride_n, stride_c, stride_d, scale_stride,
-    ACC: tl.constexpr, BLOCK: tl.constexpr,
+    g_ptr, scale_ptr, divisor_ptr, out_ptr, C, D, stride_n, stride_c, stride_d, scale_stride,
+    HAS_DIVISOR: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     n = row // D
     d = row - n * D
     base = n * stride_n + d * stride_d
     scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
+    if HAS_DIVISOR:
+        # the mean's backward: the incoming gradient over the kernel's denominator
+        scale = scale / tl.load(divisor_ptr).to(ACC)
     cols = tl.arange(0, BLOCK)
     for start in range(0, C, BLOCK):
         j = start + cols
@@ -189,113 +231,148 @@ def _block(num_classes: int) -> tuple[int, int]:
     return block, (4 if block <= 1024 else 8 if block <= 2048 else 16)
 
 
-def _rows(z: Tensor) -> tuple[int, int, int, int, int, int]:
-    """(rows, C, D, stride_n, stride_c, stride_d) of logits `z` laid out (N, C, D)."""
-    n, c, d = z.shape
-    return n * d, c, d, z.stride(0), z.stride(1), z.stride(2)
+def _rows(z: Tensor, axis: int) -> tuple[int, int, int, int, int, int]:
+    """(rows, C, D, stride_n, stride_c, stride_d) of contiguous logits `z` read as
+    (N, C, D) around the class axis, without a view."""
+    c = z.shape[axis]
+    d = math.prod(z.shape[axis + 1 :])
+    return z.numel() // max(c, 1), c, d, c * d, d, 1
 
 
-@torch.library.custom_op("dualloss::softmax_index_fwd", mutates_args=())
-def softmax_index_fwd(
+@torch.library.custom_op(
+    "dualloss::softmax_index_fwd_", mutates_args=("loss", "denominator", "grad")
+)
+def softmax_index_fwd_(
     z: Tensor,
     y: Tensor,
     w: Tensor | None,
+    axis: int,
     gamma: float,
     ignore_index: int,
     weighted_count: bool,
-    needs_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """z (N, C, D) logits, y (N, D) int64 targets, w (C,) the class weight (compute dtype) or
-    None. Returns the per-element loss (N, D) and the mean's count (N, D): a_y (`weighted_count`)
-    or 1, 0 where ignored, both in the compute
-    dtype, and the gradient of the per-element loss (z's shape and dtype; empty without
-    `needs_grad`)."""
+    loss: Tensor,
+    denominator: Tensor | None,
+    grad: Tensor | None,
+) -> None:
+    """z contiguous logits with the class axis `axis`, y contiguous int64 targets (z's shape
+    without it), w (C,) the class weight (compute dtype) or None; the results written into
+    buffers the caller allocates (the loss and gradient in z's dtype, one rounding each).
+
+    `loss`: y's shape for the per-element loss; 0-dim for their sum, or with a 0-dim
+    `denominator` (compute dtype) for their mean over the count (a_y with `weighted_count`,
+    torch's weighted mean, else 1; 0 where ignored; none kept: a mean of 0). `grad`: the
+    gradient of the per-element loss, where one is needed."""
+    if loss.dim() > 0:
+        _launch(z, y, w, axis, gamma, ignore_index, weighted_count, loss, 0, grad)
+        return
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-    loss = torch.empty(y.shape, dtype=acc, device=z.device)
-    count = torch.empty(y.shape, dtype=acc, device=z.device)
-    grad = torch.empty_like(z) if needs_grad else z.new_empty(0)
-    _launch(z, y, w, gamma, ignore_index, weighted_count, loss, count, grad, None)
-    return loss, count, grad
+    mean = denominator is not None
+    rows = torch.empty((2 if mean else 1) * y.numel(), dtype=acc, device=z.device)
+    count_at = y.numel() if mean else 0
+    _launch(z, y, w, axis, gamma, ignore_index, weighted_count, rows, count_at, grad)
+    _reduce_kernel[(1,)](
+        rows, loss, denominator if mean else loss, y.numel(), torch.finfo(acc).tiny,
+        MEAN=mean, ACC=_acc(z.dtype), BLOCK=1024, num_warps=4,
+    )  # fmt: skip
 
 
-def _launch(z, y, w, gamma, ignore_index, weighted_count, loss, count, grad, scale):
-    rows, c, d, stride_n, stride_c, stride_d = _rows(z)
+def _launch(
+    z, y, w, axis, gamma, ignore_index, weighted_count, loss, count_at, grad,
+    scale=None, divisor=None,
+):  # fmt: skip
+    """The row kernel: per-element losses into `loss` (None: not stored), their counts into
+    `loss` from `count_at` on (0: none), the gradient (times `scale` / `divisor` where given)
+    into `grad` (None: not computed)."""
+    rows, c, d, stride_n, stride_c, stride_d = _rows(z, axis)
     if rows == 0:
         return
     block, warps = _block(c)
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32
     info = torch.finfo(acc)
     scale, scale_stride = _row_scale(scale)
+    anything = z  # a pointer the kernel never reads (constexpr flags say so)
     _softmax_index_kernel[(rows,)](
-        z, y, w if w is not None else loss, loss, count, grad,
-        scale if scale is not None else loss, scale_stride,
+        z, y, w if w is not None else anything, loss if loss is not None else anything,
+        count_at, grad if grad is not None else anything,
+        scale if scale is not None else anything, scale_stride,
+        divisor if divisor is not None else anything,
         c, d, stride_n, stride_c, stride_d,
         float(gamma), int(ignore_index), info.tiny, info.eps,
-        HAS_W=w is not None, WEIGHTED_COUNT=weighted_count, NEEDS_GRAD=grad.numel() > 0,
-        FOCAL=gamma != 0.0, HAS_SCALE=scale is not None,
+        HAS_W=w is not None, WEIGHTED_COUNT=weighted_count, COUNT=count_at > 0,
+        NEEDS_GRAD=grad is not None, FOCAL=gamma != 0.0, HAS_SCALE=scale is not None,
+        HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
         ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
     )  # fmt: skip
 
 
 def _row_scale(scale):
-    """`scale` and its row stride: 0 for a scale expanded from one number (the mean's or the
-    sum's backward), read once per row without materialising it."""
+    """`scale` and its row stride: 0 for one number (the sum's or the mean's backward), read
+    once per row without materialising it."""
     if scale is None:
         return None, 0
-    if scale.stride() == (0,) * scale.dim():
+    if scale.numel() == 1:
         return scale, 0
     return scale.contiguous(), 1
 
 
-@softmax_index_fwd.register_fake
-def _(z, y, w, gamma, ignore_index, weighted_count, needs_grad):
-    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-    loss = y.new_empty(y.shape, dtype=acc)
-    grad = torch.empty_like(z) if needs_grad else z.new_empty(0)
-    return loss, loss.new_empty(y.shape), grad
+@softmax_index_fwd_.register_fake
+def _(z, y, w, axis, gamma, ignore_index, weighted_count, loss, denominator, grad):
+    return None
 
 
 @torch.library.custom_op("dualloss::softmax_index_bwd", mutates_args=())
 def softmax_index_bwd(
-    z: Tensor, y: Tensor, w: Tensor | None, gamma: float, ignore_index: int, scale: Tensor
-) -> Tensor:
-    """The gradient of ``softmax_index_fwd``'s per-element loss times `scale` (N, D), recomputed
-    from the logits in one launch and rounded once to their dtype (half precision, where a
-    gradient kept from forward in the logits' dtype and then scaled would be rounded twice)."""
-    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-    rows = torch.empty(y.shape, dtype=acc, device=z.device)
+    z: Tensor, y: Tensor, w: Tensor | None, axis: int, gamma: float, ignore_index: int,
+    scale: Tensor, divisor: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """The gradient of ``softmax_index_fwd_``'s per-element loss times `scale` (one number or
+    y's shape) over `divisor` (the mean's denominator, or None), recomputed from the logits in
+    one launch and rounded once to their dtype (half precision, where a gradient kept from
+    forward in the logits' dtype and then scaled would be rounded twice)."""
     grad = torch.empty_like(z)
-    _launch(z, y, w, gamma, ignore_index, False, rows, rows, grad, scale)
+    _launch(z, y, w, axis, gamma, ignore_index, False, None, 0, grad, scale, divisor)
     return grad
 
 
 @softmax_index_bwd.register_fake
-def _(z, y, w, gamma, ignore_index, scale):
+def _(z, y, w, axis, gamma, ignore_index, scale, divisor):
     return torch.empty_like(z)
 
 
 @torch.library.custom_op("dualloss::scale_rows", mutates_args=())
-def scale_rows(g: Tensor, scale: Tensor) -> Tensor:
-    """g (N, C, D) times scale (N, D) broadcast along C, in g's dtype (float32 arithmetic for
-    half precision, one rounding)."""
-    return scale_rows_into(g, scale, torch.empty_like(g))
+def scale_rows(g: Tensor, axis: int, scale: Tensor, divisor: Tensor | None) -> Tensor:
+    """Contiguous g times `scale` (one number or g's shape without the class axis `axis`), over
+    `divisor` (one number, or None), along that axis, in g's dtype (float32 arithmetic for half
+    precision, one rounding)."""
+    return _scale_rows_into(g, axis, scale, divisor, torch.empty_like(g))
 
 
-def scale_rows_into(g: Tensor, scale: Tensor, out: Tensor) -> Tensor:
-    """``scale_rows`` written into `out` (`g` itself when the caller owns it and nothing reads
-    it again: the graph's last backward)."""
-    rows, c, d, stride_n, stride_c, stride_d = _rows(g)
-    if rows == 0:
+@torch.library.custom_op("dualloss::scale_rows_", mutates_args=("g",))
+def scale_rows_(g: Tensor, axis: int, scale: Tensor, divisor: Tensor | None) -> None:
+    """``scale_rows`` in place: for a buffer the caller owns and nothing reads again (the
+    graph's last backward scales the forward's gradient without a second N x C)."""
+    _scale_rows_into(g, axis, scale, divisor, g)
+
+
+def _scale_rows_into(g, axis, scale, divisor, out):
+    rows, c, d, stride_n, stride_c, stride_d = _rows(g, axis)
+    if rows == 0 or c == 0:
         return out
     scale, scale_stride = _row_scale(scale)
     block, warps = _block(c)
     _scale_rows_kernel[(rows,)](
-        g, scale, out, c, d, stride_n, stride_c, stride_d, scale_stride,
-        ACC=_acc(g.dtype), BLOCK=block, num_warps=warps,
+        g, scale, divisor if divisor is not None else scale, out,
+        c, d, stride_n, stride_c, stride_d, scale_stride,
+        HAS_DIVISOR=divisor is not None, ACC=_acc(g.dtype), BLOCK=block, num_warps=warps,
     )  # fmt: skip
     return out
 
 
+@scale_rows_.register_fake
+def _(g, axis, scale, divisor):
+    return None
+
+
 @scale_rows.register_fake
-def _(g, scale):
+def _(g, axis, scale, divisor):
     return torch.empty_like(g)
