@@ -58,8 +58,6 @@ def _interpret_library_functions() -> None:
     JITFunction.__call__ = call
 
 
-
-
 def interpreted() -> bool:
     """True when the kernels run under Triton's interpreter (on CPU tensors)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
