@@ -159,6 +159,13 @@ def validation_mode(setting: object) -> bool | str:
     )
 
 
+def kernel_mode(name: str, setting: object) -> str:
+    """The torch kernel selection (``DUALLOSS_TORCH_KERNELS`` or ``torch_impl.kernels``)."""
+    if isinstance(setting, str) and setting.strip().lower() in ("auto", "triton", "eager"):
+        return setting.strip().lower()
+    raise ValueError(f"`{name}` must be 'auto', 'triton' or 'eager'. Received: {setting!r}.")
+
+
 def class_indices_device_message(num_classes: int, ignore_index: int) -> str:
     """The device-side (asynchronous) form of the `class_indices` error: no value, no position
     (reading them would synchronise the device)."""

@@ -69,7 +69,7 @@ MODULE_EXTRAS = {
     "spec": {"wrt", "intermediates"},
     # the closed-form derivative adapter (autograd.Function), the F.* / nn.*Loss signatures, and
     # the place of the accelerator kernels (DESIGN 11)
-    "torch_impl": {"_autodiff", "dropins", "kernels"},
+    "torch_impl": {"_autodiff", "dropins", "_kernels"},
     # the closed-form derivative adapter (custom_jvp)
     "jax_impl": {"_autodiff"},
 }

@@ -67,11 +67,18 @@ not concrete there) and under ``torch.compile`` (no host read, no graph break:
 
 Layout (``docs/design.md``, "Layout"): ``_inputs`` (argument handling, value checks, reductions),
 ``_autodiff`` (the closed-form ``autograd.Function`` adapter), ``softmax``, ``linear``,
-``sigmoid``, ``dropins`` (the ``F.*`` / ``nn.*Loss`` signatures), ``kernels`` (the accelerator
-kernels to come); each module's docstring says what it may import.
+``sigmoid``, ``dropins`` (the ``F.*`` / ``nn.*Loss`` signatures), ``_kernels`` (the Triton
+kernels and their custom ops); each module's docstring says what it may import.
+
+Kernels (DESIGN 11): on CUDA, where Triton imports, the softmax losses with class-index targets
+(no label smoothing, no ``where``) and the sigmoid losses run fused Triton kernels (two launches
+per forward + backward); everything else takes the eager closed forms. ``kernels("triton")``
+(a context manager) or ``DUALLOSS_TORCH_KERNELS=auto|triton|eager`` chooses; ``triton`` on CPU
+tensors runs the kernels under Triton's interpreter, which is how CPU machines test them.
 """
 
 from ._inputs import set_validate_indices
+from ._kernels import kernels
 from .dropins import (
     BCEWithLogitsLoss,
     CrossEntropyLoss,
@@ -100,4 +107,5 @@ __all__ = [
     "FocalLoss",
     "SigmoidFocalLoss",
     "set_validate_indices",
+    "kernels",
 ]

@@ -3,7 +3,7 @@
 Sections as in ``spec.softmax``: the core (the spec's ``_log_softmax``, ``_focal_phi`` and terms,
 dense and sparse), the class-index fast path (``_SoftmaxAtTarget``), the reductions, the public
 functions. The math lives in ``dualloss.spec.softmax``. May import ``_inputs`` and
-``_autodiff``; never ``linear``, ``sigmoid``, ``dropins`` or ``kernels``' callers above it.
+``_autodiff`` and ``_kernels``; never ``linear``, ``sigmoid`` or ``dropins``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .. import _checks
-from . import _inputs
+from . import _inputs, _kernels
 from ._autodiff import (
     _frees_saved_tensors,
     _inplace,
@@ -458,6 +458,91 @@ def _at_target(logits, class_weight, label_smoothing, is_index):
 
 
 # ----------------------------------------------------------------------------------------------
+# Triton kernels (DESIGN 11): class-index targets without smoothing or `where`, on CUDA
+# ----------------------------------------------------------------------------------------------
+
+_TRITON = None  # kernels.softmax, imported on first use
+
+
+class _SoftmaxTriton(torch.autograd.Function):
+    """The kernels' forward and backward: the forward kernel writes the loss and, where a
+    gradient is needed, the gradient into a buffer of its own; backward scales that buffer (in
+    place in the graph's last backward) or, under ``create_graph=True``, returns the eager
+    closed form of the saved logits in differentiable ops, so second derivatives exist as on
+    the eager path. The buffers are saved, not returned: autograd keeps no views of them."""
+
+    @staticmethod
+    def forward(ctx, z, y, w, axis, gamma, ignore_index, reduction, weighted):
+        # float32/float64 keep the gradient from forward (backward scales it); half precision
+        # recomputes it in backward rather than round it twice
+        keeps_grad = ctx.needs_input_grad[0] and z.dtype in (torch.float32, torch.float64)
+        grad = torch.empty_like(z) if keeps_grad else None
+        loss = y.new_empty(y.shape if reduction == "none" else (), dtype=z.dtype)
+        acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+        denominator = loss.new_empty((), dtype=acc) if reduction == "mean" else None
+        _TRITON.softmax_index_fwd_(
+            z, y, w, axis, gamma, ignore_index, weighted, loss, denominator, grad
+        )
+        ctx.save_for_backward(z, y, w, denominator, grad)
+        ctx.axis, ctx.gamma, ctx.ignore_index = axis, gamma, ignore_index
+        ctx.grad_is_private = _saved_tensors_are_private()
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        z, y, w, divisor, grad = ctx.saved_tensors
+        # the mean's backward divides the incoming gradient by the forward's denominator
+        if torch.is_grad_enabled():
+            scale = grad_loss if divisor is None else grad_loss / divisor
+            grad = _softmax_loss_or_grad(
+                z, y, None, w, ctx.axis, ctx.gamma, ctx.ignore_index, 0.0, scale
+            )
+        elif grad is None:
+            # half precision: recomputed with the incoming gradient, one rounding
+            grad = _TRITON.softmax_index_bwd(
+                z, y, w, ctx.axis, ctx.gamma, ctx.ignore_index, grad_loss, divisor
+            )
+        elif ctx.grad_is_private and _frees_saved_tensors():
+            # the graph's last backward: the kernel's buffer scaled in place (no second N x C)
+            _TRITON.scale_rows_(grad, ctx.axis, grad_loss, divisor)
+        else:
+            grad = _TRITON.scale_rows(grad, ctx.axis, grad_loss, divisor)
+        return grad, None, None, None, None, None, None, None
+
+
+def _in_transform() -> bool:
+    """A torch.func transform is active (its batched or dual tensors take the eager path)."""
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._functorch.maybe_current_level() is not None
+
+
+def _takes_triton(logits, class_weight, label_smoothing, where, is_index):
+    """Whether the Triton kernel computes this call (``torch_impl.kernels`` decides where)."""
+    return (
+        is_index
+        and label_smoothing == 0.0
+        and where is None
+        and (class_weight is None or not class_weight.requires_grad)
+        and not _in_transform()
+        and _kernels.use_triton(logits)
+    )
+
+
+def _softmax_triton(logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction):
+    """The loss in the logits' dtype, reduced by the kernels: the mean divides by the kept
+    targets' class weights (`weighted`, torch's weighted mean) or their number."""
+    global _TRITON
+    if _TRITON is None:
+        _TRITON = _kernels.softmax_ops()
+    z = logits if logits.is_contiguous() else logits.contiguous()
+    y = targets if targets.is_contiguous() else targets.contiguous()
+    return _SoftmaxTriton.apply(
+        z, y, class_weight, axis, float(gamma), ignore_index, reduction, weighted
+    )
+
+
+# ----------------------------------------------------------------------------------------------
 # Reductions
 # ----------------------------------------------------------------------------------------------
 
@@ -483,6 +568,14 @@ def _softmax(
     logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index = (
         _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where)
     )
+    if _takes_triton(logits, class_weight, label_smoothing, where, is_index):
+        # the kernel's op reduces: torch's weighted mean for the weighted cross entropy, the
+        # kept elements otherwise (0 kept: a mean of 0)
+        weighted = not is_focal and class_weight is not None
+        loss = _softmax_triton(
+            logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction
+        )
+        return loss
     if _at_target(logits, class_weight, label_smoothing, is_index):
         loss = _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index)
     else:

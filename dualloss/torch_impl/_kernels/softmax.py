@@ -1,0 +1,378 @@
+"""Triton kernels of the softmax losses with class-index targets (``spec.softmax`` closed forms).
+
+One program per row (a row: the C logits of one element, read with the class stride, so
+``(N, C, d1, ...)`` needs no copy). Pass 1 is an online pass over the row: the largest logit
+z_top, its index (the first on ties) and s = sum_{j != top} exp(z_j - z_top), formed without the
+top's 1 (``spec._log_softmax``), so log1p(s) keeps a confident row's tiny loss. The loss of the
+row follows from z_y, z_top and s alone (``spec._softmax_focal_terms`` with a one-hot target
+mass a_y at y). When a gradient is asked for, pass 2 writes it into a buffer of the logits' shape
+and dtype: p_j v off the target, -(1 - p_y) v at it (``_softmax_focal_terms_sparse``). Backward
+scales that buffer by the incoming gradient, row by row (``scale_rows``): two launches in all,
+and nothing written into the caller's tensors.
+
+Arithmetic in float32 for half inputs, float64 for float64. On CUDA ``exp``/``log``/``log1p`` are
+libdevice's (correctly rounded to within an ULP) rather than the fast approximations; under the
+interpreter NumPy's, with log1p from log by Kahan's formula.
+
+May import torch, triton and ``_triton``; never the family modules.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.language.extra import libdevice
+
+from ._triton import interpreted
+
+_EXACT = not interpreted()
+
+
+@triton.jit
+def _exp(x, EXACT: tl.constexpr):
+    if EXACT:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
+def _log(x, EXACT: tl.constexpr):
+    if EXACT:
+        return libdevice.log(x)
+    else:
+        return tl.log(x)
+
+
+@triton.jit
+def _log1p(x, EXACT: tl.constexpr):
+    if EXACT:
+        return libdevice.log1p(x)
+    else:
+        # Kahan: log(u) x / (u - 1) with u = 1 + x rounded, within a few ULP (x where u is 1)
+        u = 1.0 + x
+        d = u - 1.0
+        return tl.where(d == 0.0, x, _log(u, EXACT) * (x / tl.where(d == 0.0, 1.0, d)))
+
+
+@triton.jit
+def _softmax_index_kernel(
+    z_ptr, y_ptr, w_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride, divisor_ptr,
+    C, D, stride_n, stride_c, stride_d,
+    gamma, ignore_index, tiny, eps,
+    HAS_W: tl.constexpr, WEIGHTED_COUNT: tl.constexpr, COUNT: tl.constexpr,
+    NEEDS_GRAD: tl.constexpr,
+    FOCAL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DIVISOR: tl.constexpr,
+    STORE_LOSS: tl.constexpr,
+    ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    n = row // D
+    d = row - n * D
+    base = n * stride_n + d * stride_d
+    cols = tl.arange(0, BLOCK)
+    inf = float("inf")
+
+    # pass 1: z_top, top (first on ties) and s = sum_{j != top} exp(z_j - z_top), online
+    z_top = tl.full((), -inf, ACC)
+    top = tl.full((), 0, tl.int64)
+    s = tl.full((), 0.0, ACC)
+    has_nan = tl.full((), 0, tl.int32)
+    for start in range(0, C, BLOCK):
+        j = start + cols
+        inside = j < C
+        z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-inf).to(ACC)
+        has_nan = has_nan | tl.max((z != z).to(tl.int32), 0)
+        block_top = tl.max(z, 0)
+        # the first index of the block's largest logit
+        block_at = tl.min(tl.where(z == block_top, j, C), 0)
+        new_top = block_top > z_top
+        m = tl.where(new_top, block_top, z_top)
+        # -inf logits (and the padding) add exactly 0, also where m is still -inf
+        terms = tl.where(z == -inf, 0.0, _exp(z - m, EXACT))
+        terms = tl.where(j == block_at, tl.where(new_top, 0.0, terms), terms)
+        # the old top joins the others, rescaled: (s + 1) exp(z_top - m)
+        old = tl.where(z_top == -inf, 0.0, (s + 1.0) * _exp(z_top - m, EXACT))
+        s = tl.where(new_top, old, s) + tl.sum(terms, 0)
+        top = tl.where(new_top, block_at.to(tl.int64), top)
+        z_top = m
+
+    # a NaN or +inf logit (or a row of -inf) gives NaN, never a number
+    log1p_s = _log1p(s, EXACT) + 0.0 * z_top
+    log1p_s = tl.where(has_nan != 0, float("nan"), log1p_s)
+    y = tl.load(y_ptr + row)
+    keep = y != ignore_index
+    y = tl.where(keep, y, 0)
+    if HAS_W:
+        a_y = tl.load(w_ptr + y).to(ACC)
+    else:
+        a_y = tl.full((), 1.0, ACC)
+    a_y = tl.where(keep, a_y, 0.0)
+    z_y = tl.load(z_ptr + base + y * stride_c).to(ACC)
+    is_top = y == top
+    log_p = (z_y - z_top) - log1p_s
+    p = _exp(log_p, EXACT)
+    # 1 - p_top = s / (1 + s), never formed as 1 - p
+    not_p = tl.where(is_top, s / (1.0 + s), 1.0 - p)
+    if FOCAL:
+        # log(1 - p): log s - log1p(s) at a top with s < 1, log1p(-p) elsewhere
+        is_normal = s >= tiny
+        log_s = tl.where(is_normal, _log(tl.where(is_normal, s, 1.0), EXACT), -inf)
+        from_s = is_top & (s < 1.0)
+        log_not_p = tl.where(from_s, log_s - log1p_s, _log1p(-tl.where(from_s, 0.0, p), EXACT))
+        # (1 - p)^gamma = exp(gamma log(1 - p))
+        focal_weight = _exp(gamma * log_not_p, EXACT)
+        # phi(p) = p log p / (1 - p): -log1p(s) / s at the top (-1 + s / 2 below s = eps)
+        is_big = s > eps
+        phi_top = tl.where(is_big, -log1p_s / tl.where(is_big, s, 1.0), s / 2.0 - 1.0)
+        has_p = (p > 0.0) & (is_top == 0)
+        phi_rest = tl.where(
+            has_p, p * tl.where(has_p, log_p, 0.0) / tl.where(has_p, not_p, 1.0), 0.0
+        )
+        phi = tl.where(is_top, phi_top, phi_rest)
+        weighted = a_y * focal_weight
+        v = weighted * (1.0 - gamma * phi)
+    else:
+        weighted = a_y
+        v = a_y
+    # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
+    loss = -(weighted * tl.where((a_y == 0.0) & (log_p == -inf), 0.0, log_p))
+    # ignored elements give 0, whatever their logits
+    if STORE_LOSS:
+        tl.store(loss_ptr + row, tl.where(keep, loss, 0.0).to(loss_ptr.dtype.element_ty))
+    if COUNT:
+        # the mean's count, `count_at` entries on in the same buffer
+        if WEIGHTED_COUNT:
+            tl.store(loss_ptr + count_at + row, a_y)
+        else:
+            tl.store(loss_ptr + count_at + row, keep.to(ACC))
+
+    if NEEDS_GRAD:
+        # pass 2: p_j v off the target, -(1 - p_y) v at it; an ignored row gets 0
+        if HAS_SCALE:
+            # backward's recomputation: the incoming gradient folded in, one rounding
+            scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
+            if HAS_DIVISOR:
+                # the mean's backward: the incoming gradient over the forward's denominator
+                scale = scale / tl.load(divisor_ptr).to(ACC)
+            v = v * scale
+        at_y = -not_p * v
+        # p_j v = exp(z_j - z_top) v / (1 + s): one rounded difference in the exponent (its
+        # error grows with |z_j - z_top|), where exp(z_j - z_top - log1p(s)) would have two;
+        # NaN where the row's loss is NaN
+        v_over = tl.where(log1p_s != log1p_s, float("nan"), v / (1.0 + s))
+        for start in range(0, C, BLOCK):
+            j = start + cols
+            inside = j < C
+            offsets = base + j.to(tl.int64) * stride_c
+            z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
+            grad = tl.where(j == y, at_y, _exp(z - z_top, EXACT) * v_over)
+            grad = tl.where(keep, grad, 0.0)
+            tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def _reduce_kernel(
+    rows_ptr, out_ptr, denominator_ptr, R, tiny,
+    MEAN: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """One program: the sum of R per-element losses, divided for the mean by the sum of their
+    counts (the R entries after them; at least the smallest normal: none kept, a mean of 0);
+    in a fixed order, so the same inputs give the same bits on every run."""
+    cols = tl.arange(0, BLOCK)
+    total = tl.zeros((BLOCK,), ACC)
+    count = tl.zeros((BLOCK,), ACC)
+    for start in range(0, R, BLOCK):
+        inside = start + cols < R
+        total += tl.load(rows_ptr + start + cols, mask=inside, other=0.0)
+        if MEAN:
+            count += tl.load(rows_ptr + R + start + cols, mask=inside, other=0.0)
+    total_sum = tl.sum(total, 0)
+    if MEAN:
+        denominator = tl.maximum(tl.sum(count, 0), tiny)
+        tl.store(denominator_ptr, denominator)
+        total_sum = total_sum / denominator
+    tl.store(out_ptr, total_sum.to(out_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _scale_rows_kernel(
+    g_ptr, scale_ptr, divisor_ptr, out_ptr, C, D, stride_n, stride_c, stride_d, scale_stride,
+    HAS_DIVISOR: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    n = row // D
+    d = row - n * D
+    base = n * stride_n + d * stride_d
+    scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
+    if HAS_DIVISOR:
+        # the mean's backward: the incoming gradient over the kernel's denominator
+        scale = scale / tl.load(divisor_ptr).to(ACC)
+    cols = tl.arange(0, BLOCK)
+    for start in range(0, C, BLOCK):
+        j = start + cols
+        inside = j < C
+        offsets = base + j.to(tl.int64) * stride_c
+        g = tl.load(g_ptr + offsets, mask=inside, other=0.0).to(ACC)
+        tl.store(out_ptr + offsets, (g * scale).to(out_ptr.dtype.element_ty), mask=inside)
+
+
+def _acc(dtype: torch.dtype):
+    return tl.float64 if dtype == torch.float64 else tl.float32
+
+
+def _block(num_classes: int) -> tuple[int, int]:
+    """Block over the class axis (a power of two, at most 4096) and the number of warps."""
+    block = min(triton.next_power_of_2(max(num_classes, 16)), 4096)
+    return block, (4 if block <= 1024 else 8 if block <= 2048 else 16)
+
+
+def _rows(z: Tensor, axis: int) -> tuple[int, int, int, int, int, int]:
+    """(rows, C, D, stride_n, stride_c, stride_d) of contiguous logits `z` read as
+    (N, C, D) around the class axis, without a view."""
+    c = z.shape[axis]
+    d = math.prod(z.shape[axis + 1 :])
+    return z.numel() // max(c, 1), c, d, c * d, d, 1
+
+
+@torch.library.custom_op(
+    "dualloss::softmax_index_fwd_", mutates_args=("loss", "denominator", "grad")
+)
+def softmax_index_fwd_(
+    z: Tensor,
+    y: Tensor,
+    w: Tensor | None,
+    axis: int,
+    gamma: float,
+    ignore_index: int,
+    weighted_count: bool,
+    loss: Tensor,
+    denominator: Tensor | None,
+    grad: Tensor | None,
+) -> None:
+    """z contiguous logits with the class axis `axis`, y contiguous int64 targets (z's shape
+    without it), w (C,) the class weight (compute dtype) or None; the results written into
+    buffers the caller allocates (the loss and gradient in z's dtype, one rounding each).
+
+    `loss`: y's shape for the per-element loss; 0-dim for their sum, or with a 0-dim
+    `denominator` (compute dtype) for their mean over the count (a_y with `weighted_count`,
+    torch's weighted mean, else 1; 0 where ignored; none kept: a mean of 0). `grad`: the
+    gradient of the per-element loss, where one is needed."""
+    if loss.dim() > 0:
+        _launch(z, y, w, axis, gamma, ignore_index, weighted_count, loss, 0, grad)
+        return
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    mean = denominator is not None
+    rows = torch.empty((2 if mean else 1) * y.numel(), dtype=acc, device=z.device)
+    count_at = y.numel() if mean else 0
+    _launch(z, y, w, axis, gamma, ignore_index, weighted_count, rows, count_at, grad)
+    _reduce_kernel[(1,)](
+        rows, loss, denominator if mean else loss, y.numel(), torch.finfo(acc).tiny,
+        MEAN=mean, ACC=_acc(z.dtype), BLOCK=1024, num_warps=4,
+    )  # fmt: skip
+
+
+def _launch(
+    z, y, w, axis, gamma, ignore_index, weighted_count, loss, count_at, grad,
+    scale=None, divisor=None,
+):  # fmt: skip
+    """The row kernel: per-element losses into `loss` (None: not stored), their counts into
+    `loss` from `count_at` on (0: none), the gradient (times `scale` / `divisor` where given)
+    into `grad` (None: not computed)."""
+    rows, c, d, stride_n, stride_c, stride_d = _rows(z, axis)
+    if rows == 0:
+        return
+    block, warps = _block(c)
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    info = torch.finfo(acc)
+    scale, scale_stride = _row_scale(scale)
+    anything = z  # a pointer the kernel never reads (constexpr flags say so)
+    _softmax_index_kernel[(rows,)](
+        z, y, w if w is not None else anything, loss if loss is not None else anything,
+        count_at, grad if grad is not None else anything,
+        scale if scale is not None else anything, scale_stride,
+        divisor if divisor is not None else anything,
+        c, d, stride_n, stride_c, stride_d,
+        float(gamma), int(ignore_index), info.tiny, info.eps,
+        HAS_W=w is not None, WEIGHTED_COUNT=weighted_count, COUNT=count_at > 0,
+        NEEDS_GRAD=grad is not None, FOCAL=gamma != 0.0, HAS_SCALE=scale is not None,
+        HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
+        ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
+    )  # fmt: skip
+
+
+def _row_scale(scale):
+    """`scale` and its row stride: 0 for one number (the sum's or the mean's backward), read
+    once per row without materialising it."""
+    if scale is None:
+        return None, 0
+    if scale.numel() == 1:
+        return scale, 0
+    return scale.contiguous(), 1
+
+
+@softmax_index_fwd_.register_fake
+def _(z, y, w, axis, gamma, ignore_index, weighted_count, loss, denominator, grad):
+    return None
+
+
+@torch.library.custom_op("dualloss::softmax_index_bwd", mutates_args=())
+def softmax_index_bwd(
+    z: Tensor, y: Tensor, w: Tensor | None, axis: int, gamma: float, ignore_index: int,
+    scale: Tensor, divisor: Tensor | None,
+) -> Tensor:  # fmt: skip
+    """The gradient of ``softmax_index_fwd_``'s per-element loss times `scale` (one number or
+    y's shape) over `divisor` (the mean's denominator, or None), recomputed from the logits in
+    one launch and rounded once to their dtype (half precision, where a gradient kept from
+    forward in the logits' dtype and then scaled would be rounded twice)."""
+    grad = torch.empty_like(z)
+    _launch(z, y, w, axis, gamma, ignore_index, False, None, 0, grad, scale, divisor)
+    return grad
+
+
+@softmax_index_bwd.register_fake
+def _(z, y, w, axis, gamma, ignore_index, scale, divisor):
+    return torch.empty_like(z)
+
+
+@torch.library.custom_op("dualloss::scale_rows", mutates_args=())
+def scale_rows(g: Tensor, axis: int, scale: Tensor, divisor: Tensor | None) -> Tensor:
+    """Contiguous g times `scale` (one number or g's shape without the class axis `axis`), over
+    `divisor` (one number, or None), along that axis, in g's dtype (float32 arithmetic for half
+    precision, one rounding)."""
+    return _scale_rows_into(g, axis, scale, divisor, torch.empty_like(g))
+
+
+@torch.library.custom_op("dualloss::scale_rows_", mutates_args=("g",))
+def scale_rows_(g: Tensor, axis: int, scale: Tensor, divisor: Tensor | None) -> None:
+    """``scale_rows`` in place: for a buffer the caller owns and nothing reads again (the
+    graph's last backward scales the forward's gradient without a second N x C)."""
+    _scale_rows_into(g, axis, scale, divisor, g)
+
+
+def _scale_rows_into(g, axis, scale, divisor, out):
+    rows, c, d, stride_n, stride_c, stride_d = _rows(g, axis)
+    if rows == 0 or c == 0:
+        return out
+    scale, scale_stride = _row_scale(scale)
+    block, warps = _block(c)
+    _scale_rows_kernel[(rows,)](
+        g, scale, divisor if divisor is not None else scale, out,
+        c, d, stride_n, stride_c, stride_d, scale_stride,
+        HAS_DIVISOR=divisor is not None, ACC=_acc(g.dtype), BLOCK=block, num_warps=warps,
+    )  # fmt: skip
+    return out
+
+
+@scale_rows_.register_fake
+def _(g, axis, scale, divisor):
+    return None
+
+
+@scale_rows.register_fake
+def _(g, axis, scale, divisor):
+    return torch.empty_like(g)

@@ -1,0 +1,295 @@
+"""The Triton kernels of torch_impl (DESIGN 11), run on the CPU under Triton's interpreter.
+
+Judged as a backend of their own: the oracle's strict standard over the adversarial regions of
+class-index targets, in every dtype; against the eager path and torch's own loss; the launch
+and dispatched-op budget; torch.compile(fullgraph=True) over the custom ops; no input written;
+the selection and its errors. Small shapes: the interpreter runs a program per row in NumPy.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from torch._library.custom_ops import OPDEFS  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes  # noqa: E402
+
+from dualloss import parity, torch_impl  # noqa: E402
+from dualloss.torch_impl import _kernels  # noqa: E402
+
+if _kernels._missing(torch.device("cpu")) is not None:
+    pytest.skip(_kernels._missing(torch.device("cpu")), allow_module_level=True)
+
+from dualloss.torch_impl._kernels import softmax as kernel_softmax  # noqa: E402
+
+SOFTMAX = {
+    "softmax_cross_entropy": torch_impl.softmax_cross_entropy,
+    "softmax_focal_loss": torch_impl.softmax_focal_loss,
+}
+
+
+def _triton(fn, **options):
+    def candidate(x, t):
+        with torch_impl.kernels("triton"):
+            return fn(x, t, **options)
+
+    return candidate
+
+
+class _Launches:
+    """Counts the kernels' launches (the launcher wrapped, as a profiler would see them)."""
+
+    def __init__(self, monkeypatch):
+        self.names = []
+        for name in ("_softmax_index_kernel", "_reduce_kernel", "_scale_rows_kernel"):
+            kernel = getattr(kernel_softmax, name)
+            monkeypatch.setattr(kernel_softmax, name, self._counted(name, kernel))
+
+    def _counted(self, name, kernel):
+        names = self.names
+
+        class Counted:
+            def __getitem__(self, grid):
+                launch = kernel[grid]
+
+                def run(*args, **kwargs):
+                    names.append(name)
+                    # the interpreter's own tensor work is the GPU's, not dispatched ops
+                    with _disable_current_modes():
+                        return launch(*args, **kwargs)
+
+                return run
+
+        return Counted()
+
+
+class _Ops(TorchDispatchMode):
+    """The torch ops dispatched, those inside our custom ops included (their Python bodies run
+    under the mode, so a custom op hides nothing it dispatches)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func.overloadpacket))
+        if func.namespace == "dualloss":
+            with self:
+                return OPDEFS[func.name().split(".")[0]]._init_fn(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+# ----------------------------------------------------------------------------------------------
+# The strict standard, as for the eager path
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, options, dtypes",
+    [
+        ("softmax_cross_entropy", {}, ("float32", "bfloat16")),
+        ("softmax_focal_loss", {"gamma": 0.5}, ("float64", "float16")),
+    ],
+)
+def test_the_kernels_meet_the_strict_standard(name, options, dtypes, monkeypatch):
+    launches = _Launches(monkeypatch)
+    report = parity.check(
+        _triton(SOFTMAX[name], **options),
+        name,
+        backend="torch",
+        options=options,
+        standard="strict",
+        dtypes=dtypes,
+        max_examples=3,
+        # probability targets take the eager path (judged by the eager tests)
+        skip=("soft_targets", "masked_soft"),
+    )
+    report.assert_ok()
+    assert "_softmax_index_kernel" in launches.names
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_the_kernels_agree_with_the_eager_path_and_torch(dtype, reduction):
+    gen = torch.Generator().manual_seed(1)
+    x = (4 * torch.randn(3, 7, 5, generator=gen, dtype=torch.float64)).to(dtype)
+    t = torch.randint(0, 7, (3, 5), generator=gen)
+    t[0, 1] = -100
+    x[1, t[1, 2], 2] = 60.0  # a confident element: its tiny loss is kept
+    weight = torch.rand(7, generator=gen, dtype=torch.float64).to(dtype)
+    for fn, options in [
+        (torch_impl.softmax_cross_entropy, {"weight": weight}),
+        (torch_impl.softmax_focal_loss, {"gamma": 2.0, "alpha": weight}),
+        (torch_impl.softmax_focal_loss, {"gamma": 0.25, "alpha": 0.3}),
+    ]:
+        results = {}
+        for mode in ("eager", "triton"):
+            xm = x.clone().requires_grad_()
+            with torch_impl.kernels(mode):
+                loss = fn(xm, t, reduction=reduction, **options)
+            loss.sum().backward()
+            results[mode] = (loss.double(), xm.grad.double())
+        (le, ge), (lt, gt) = results["eager"], results["triton"]
+        eps = torch.finfo(dtype).eps
+        torch.testing.assert_close(lt, le, rtol=8 * eps, atol=0.0)
+        torch.testing.assert_close(gt, ge, rtol=16 * eps, atol=16 * eps * ge.abs().max().item())
+        if fn is torch_impl.softmax_cross_entropy:
+            ref = torch.nn.functional.cross_entropy(
+                x.double(), t, weight=weight.double(), reduction=reduction
+            )
+            # torch rounds the confident element's tiny loss to 0; ours keeps it (the spec's value),
+            # so the comparison with torch allows an absolute error at the batch's scale.
+            atol = 16 * eps * ref.abs().max().item()
+            torch.testing.assert_close(lt, ref, rtol=16 * eps, atol=atol)
+
+
+# ----------------------------------------------------------------------------------------------
+# Budget: launches and dispatched torch ops per forward + backward
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(SOFTMAX))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_three_launches_and_no_more_torch_ops_than_the_peer(name, dtype, reduction, monkeypatch):
+    launches = _Launches(monkeypatch)
+    x = torch.randn(64, 100, dtype=dtype, requires_grad=True)
+    t = torch.randint(0, 100, (64,))
+    t[3] = -100
+    with torch_impl.set_validate_indices(False), torch_impl.kernels("triton"), _Ops() as ops:
+        SOFTMAX[name](x, t, reduction=reduction).backward()
+    # the row kernel, the reduction, and backward's scale (half precision: its recomputation)
+    backward = "_scale_rows_kernel" if dtype == torch.float32 else "_softmax_index_kernel"
+    assert launches.names == ["_softmax_index_kernel", "_reduce_kernel", backward]
+    x.grad = None
+    with _Ops() as peer:
+        torch.nn.functional.cross_entropy(x, t, reduction=reduction).backward()
+    # F.cross_entropy dispatches 8 (float32); ours: 3 allocations, the forward op, the row
+    # buffer, the seed's ones_like, backward's op, the gradient's accumulation
+    assert len(ops.ops) <= 8 and len(ops.ops) <= len(peer.ops), (ops.ops, peer.ops)
+
+
+def test_the_gradient_buffer_is_scaled_in_place_in_the_last_backward(monkeypatch):
+    launches = _Launches(monkeypatch)
+    x = torch.randn(8, 30, requires_grad=True)
+    t = torch.randint(0, 30, (8,))
+    with torch_impl.kernels("triton"):
+        loss = torch_impl.softmax_cross_entropy(x, t)
+    loss.backward(retain_graph=True)
+    first = x.grad.clone()
+    loss.backward()  # a second backward reads the buffer again: it was not overwritten
+    torch.testing.assert_close(x.grad, 2 * first)
+    assert launches.names == [
+        "_softmax_index_kernel", "_reduce_kernel", "_scale_rows_kernel", "_scale_rows_kernel"
+    ]  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------
+# Idioms: compile, second order, inputs untouched, layouts
+# ----------------------------------------------------------------------------------------------
+
+
+def test_torch_compile_fullgraph_over_the_custom_ops():
+    x = torch.randn(6, 9, requires_grad=True)
+    t = torch.tensor([0, 1, 2, -100, 8, 3])
+
+    def step(x, t):
+        return torch_impl.softmax_focal_loss(x, t, gamma=1.5)
+
+    with torch_impl.kernels("triton"):
+        compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+        loss = compiled(x, t)
+        (grad,) = torch.autograd.grad(loss, x)
+    with torch_impl.kernels("eager"):
+        expected = step(x, t)
+        (expected_grad,) = torch.autograd.grad(expected, x)
+    torch.testing.assert_close(loss, expected)
+    torch.testing.assert_close(grad, expected_grad)
+
+
+def test_second_order_gradients_through_the_kernel_path():
+    x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([0, 5, 2, 2])
+    results = []
+    for mode in ("eager", "triton"):
+        with torch_impl.kernels(mode):
+            loss = torch_impl.softmax_focal_loss(x, t, gamma=2.0)
+        (grad,) = torch.autograd.grad(loss, x, create_graph=True)
+        (hvp,) = torch.autograd.grad(grad.square().sum(), x)
+        results.append((grad, hvp))
+    torch.testing.assert_close(results[1][0], results[0][0])
+    torch.testing.assert_close(results[1][1], results[0][1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_no_input_is_written(dtype):
+    x = torch.randn(5, 4, 3, dtype=dtype, requires_grad=True)
+    t = torch.randint(0, 4, (5, 3))
+    weight = torch.rand(4)
+    before = (x.detach().clone(), t.clone(), weight.clone())
+    with torch_impl.kernels("triton"):
+        torch_impl.softmax_cross_entropy(x, t, weight=weight).backward()
+    for after, saved in zip((x.detach(), t, weight), before, strict=True):
+        assert torch.equal(after, saved)
+
+
+def test_class_axis_last_and_non_contiguous_logits():
+    x = torch.randn(7, 5, 4).transpose(1, 2).requires_grad_()  # (7, 4, 5), class axis -1
+    t = torch.randint(0, 5, (7, 4))
+    grads = []
+    for mode in ("eager", "triton"):
+        x.grad = None
+        with torch_impl.kernels(mode):
+            torch_impl.softmax_cross_entropy(x, t, axis=-1).backward()
+        grads.append(x.grad.clone())
+    torch.testing.assert_close(grads[1], grads[0])
+
+
+def test_all_ignored_mean_is_zero_with_a_zero_gradient():
+    x = torch.randn(3, 4, requires_grad=True)
+    with torch_impl.kernels("triton"):
+        loss = torch_impl.softmax_cross_entropy(x, torch.full((3,), -100))
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(x.grad, torch.zeros(3, 4))
+
+
+# ----------------------------------------------------------------------------------------------
+# Selection
+# ----------------------------------------------------------------------------------------------
+
+
+def test_auto_keeps_cpu_tensors_on_the_eager_path(monkeypatch):
+    launches = _Launches(monkeypatch)
+    x = torch.randn(4, 5, requires_grad=True)
+    torch_impl.softmax_cross_entropy(x, torch.tensor([0, 1, 2, 3])).backward()
+    assert launches.names == []
+    assert _kernels.path("cpu").startswith("eager")
+    with torch_impl.kernels("triton"):
+        assert _kernels.path("cpu") == "Triton kernels, interpreted (triton)"
+
+
+def test_a_bad_mode_is_one_sentence(monkeypatch):
+    with pytest.raises(ValueError, match=r"^`mode` must be 'auto', 'triton' or 'eager'\. "):
+        with torch_impl.kernels("fast"):
+            pass
+    monkeypatch.setenv("DUALLOSS_TORCH_KERNELS", "cuda")
+    with pytest.raises(ValueError, match=r"^`DUALLOSS_TORCH_KERNELS` must be 'auto'.*'cuda'"):
+        torch_impl.softmax_cross_entropy(torch.randn(2, 3), torch.tensor([0, 1]))
+
+
+def test_forcing_triton_where_it_cannot_run_says_why(monkeypatch):
+    from dualloss.torch_impl._kernels import _triton
+
+    monkeypatch.setattr(_triton, "_ERROR", "triton is not installed (pip install triton)")
+    with torch_impl.kernels("triton"), pytest.raises(RuntimeError, match="not installed"):
+        torch_impl.softmax_cross_entropy(torch.randn(2, 3), torch.tensor([0, 1]))
+    # auto falls back to the eager closed forms, silently and correctly
+    assert torch_impl.softmax_cross_entropy(torch.randn(2, 3), torch.tensor([0, 1])).isfinite()
+
+
+def test_the_interpreter_is_on_before_triton_is_imported():
+    assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
