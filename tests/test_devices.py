@@ -208,6 +208,16 @@ def test_doctor_reports_and_exits_0_when_the_frameworks_agree(capsys):
         assert needle in out, needle
 
 
+def test_doctor_says_which_path_the_torch_losses_take(monkeypatch):
+    monkeypatch.setenv("DUALLOSS_TORCH_KERNELS", "eager")
+    lines, ok = D.doctor()
+    assert ok and "torch losses take: cpu: eager closed forms (eager)" in lines
+    monkeypatch.setenv("DUALLOSS_TORCH_KERNELS", "fast")
+    lines, ok = D.doctor()
+    assert not ok
+    assert any("DUALLOSS_TORCH_KERNELS` must be 'auto', 'triton' or 'eager'" in x for x in lines)
+
+
 def test_doctor_fails_on_a_disagreement(seen):
     seen({"torch": ["cpu", "gpu:0"], "jax": ["cpu"]})
     lines, ok = D.doctor()

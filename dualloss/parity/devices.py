@@ -395,6 +395,21 @@ def triton_status() -> str:
     return text
 
 
+def torch_kernel_paths() -> tuple[str, bool]:
+    """Which path torch_impl's losses take on each torch device under the current selection
+    (``DUALLOSS_TORCH_KERNELS``, ``torch_impl.kernels``): Triton kernels or the eager closed
+    forms, and why not the kernels where they cannot run; not ok for an unknown selection."""
+    import torch
+
+    from ..torch_impl import _kernels
+
+    devices = ["cpu"] + [f"cuda:{i}" for i in range(gpu_count("torch"))]
+    try:
+        return "; ".join(f"{d}: {_kernels.path(torch.device(d))}" for d in devices), True
+    except ValueError as error:  # a bad DUALLOSS_TORCH_KERNELS: its one sentence
+        return f"unknown ({error})", False
+
+
 def doctor(backends=BACKENDS) -> tuple[list[str], bool]:
     """(lines to print, ok): frameworks, versions, devices each sees (JAX started first, as the
     suite does), Triton, matmul precision; not ok on any disagreement or a missing framework."""
@@ -443,6 +458,10 @@ def doctor(backends=BACKENDS) -> tuple[list[str], bool]:
             lines.append(f"agreement: both frameworks see {counts[installed[0]]} GPU(s)")
     lines.append(f"default devices: {', '.join(defaults(installed)) if installed else 'none'}")
     lines.append(f"triton: {triton_status()}")
+    if "torch" in installed:
+        text, kernels_ok = torch_kernel_paths()
+        lines.append(f"torch losses take: {text}")
+        ok = ok and kernels_ok
     for key, value in precision_settings(installed).items():
         lines.append(f"precision now: {key} = {value}")
     lines.append("judged runs pin: allow_tf32=False, jax_default_matmul_precision='highest'")
