@@ -295,3 +295,28 @@ def test_forcing_triton_where_it_cannot_run_says_why(monkeypatch):
 
 def test_the_interpreter_is_on_before_triton_is_imported():
     assert os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()
+
+
+# ----------------------------------------------------------------------------------------------
+# The parity run judges the kernel path as a backend of its own
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_parity_run_has_a_kernel_backend_with_runnable_reproducers(monkeypatch):
+    from dualloss.parity import backends as B
+    from dualloss.parity import runner
+    from dualloss.parity.cases import make_cases
+
+    impls = runner.default_implementations(("torch",), ["softmax_focal_loss"])
+    assert [i.name for i in impls] == ["torch_impl", B.TRITON]
+    assert (
+        runner.default_implementations(("torch",), ["sigmoid_focal_loss"], kernels=False)[0].name
+        == "torch_impl"
+    )
+    assert B.ours_triton("sigmoid_focal_loss") is None  # no kernels (yet) for the sigmoid losses
+    launches = _Launches(monkeypatch)
+    prep = B.prepare(make_cases("softmax_focal_loss", "float32", regions=["typical"])[0], "float32")
+    line = B.reproducer(impls[1], prep)
+    assert "torch_impl.kernels('triton')(torch_impl.softmax_focal_loss)" in line
+    exec(line, {})
+    assert launches.names[0] == "_softmax_index_kernel"

@@ -111,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--peers", action="store_true", help="also measure torch/optax/kornia")
     run.add_argument("--only-peers", action="store_true", help="measure the peers only")
     run.add_argument("--no-jit", action="store_true", help="JAX eager mode only")
+    run.add_argument("--no-kernels", action="store_true",
+                     help="leave out torch_impl's Triton kernels (judged as torch_impl+triton "
+                          "where Triton runs; on a CPU under its interpreter)")  # fmt: skip
     run.add_argument("--compile", action="store_true", help="torch.compile also with --quick")
     run.add_argument(
         "--compile-budget",
@@ -274,7 +277,11 @@ def _run(args, parser) -> int:
     logits = [n for n in args.losses if not _registry.get(n).is_linear]
     if args.regions is not None and not set(args.regions) & set(REGIONS):
         logits = []  # only regions of the fused linear losses were asked for
-    impls = [] if args.only_peers else runner.default_implementations(args.backends, logits)
+    impls = (
+        []
+        if args.only_peers
+        else runner.default_implementations(args.backends, logits, kernels=not args.no_kernels)
+    )
     if args.peers or args.only_peers:
         from .peers import available_peers
 

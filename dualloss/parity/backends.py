@@ -186,6 +186,35 @@ def ours(backend: str, loss: str) -> Implementation | None:
     )
 
 
+# the kernel path judged as a backend of its own (DESIGN 11): its implementation's name
+TRITON = "torch_impl+triton"
+
+
+def ours_triton(loss: str) -> Implementation | None:
+    """torch_impl's `loss` with its Triton kernels forced (``torch_impl.kernels("triton")``;
+    on a CPU under Triton's interpreter), or None for a loss without kernels or where Triton
+    cannot run (the reason is ``torch_impl._kernels.path``'s)."""
+    info = losses.get(loss)
+    if not info.is_softmax or info.is_linear:
+        return None
+    try:
+        from ..torch_impl import _kernels
+        from ..torch_impl import kernels as kernel_mode
+
+        fn = getattr(__import__("dualloss.torch_impl", fromlist=[loss]), loss)
+    except Exception:  # noqa: BLE001 - judged with the eager backend's own note
+        return None
+    if _kernels._missing(__import__("torch").device("cpu")) is not None:
+        return None
+    mine = ours("torch", loss)
+    mine.name, mine.fn = TRITON, kernel_mode("triton")(fn)
+    # kernels() is a decorator too: the reproducer forces the same path
+    mine.expr = lambda kw: (
+        f"torch_impl.kernels('triton')(torch_impl.{loss})(x, t{format_kwargs(kw)})"
+    )
+    return mine
+
+
 # ----------------------------------------------------------------------------------------------
 # Devices
 # ----------------------------------------------------------------------------------------------

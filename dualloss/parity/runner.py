@@ -533,14 +533,20 @@ def _diagnostics(values) -> list[dict]:
     return out
 
 
-def default_implementations(backends=B.BACKENDS, losses=LOSSES, peers: bool = False):
-    """dualloss's own backends for each loss (and the public peers when `peers`)."""
+def default_implementations(
+    backends=B.BACKENDS, losses=LOSSES, peers: bool = False, kernels: bool = True
+):
+    """dualloss's own backends for each loss, torch's Triton kernels (``backends.TRITON``, where
+    Triton runs: the CPU under its interpreter) when `kernels`, and the public peers when
+    `peers`."""
     impls = []
     backends = [b for b in backends if importlib.util.find_spec(b) is not None]
     D.start(backends)  # JAX before torch
     for backend in backends:
         for loss in losses:
             impls.append(B.ours(backend, loss))
+            if backend == "torch" and kernels:
+                impls += [i for i in [B.ours_triton(loss)] if i is not None]
     if peers:
         from .peers import available_peers
 
