@@ -144,6 +144,11 @@ BACKEND_EXTRAS = {
         "_asks_for_no_gradient", "_sigmoid_loss",
         # the fused linear losses: the row-block loop, its in-place block kernel, its Function
         "_linear_chunks", "_linear_block", "_LinearSoftmax",
+        # the Triton kernels (DESIGN 11): the selection, whether a call takes them, and the
+        # autograd Function over their custom ops, per family; torch.func transforms keep eager
+        "_mode", "_missing", "_in_transform",
+        "_softmax_takes_triton", "_softmax_triton", "_SoftmaxTriton",
+        "_sigmoid_takes_triton", "_sigmoid_triton", "_SigmoidTriton",
     },
 }  # fmt: skip
 # what the spec has that a backend does not: the judge's per-element intermediates, and the

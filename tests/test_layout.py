@@ -47,6 +47,7 @@ DOCUMENTED = {
         "FocalLoss",
         "SigmoidFocalLoss",
         "set_validate_indices",
+        "kernels",
     ),
     "dualloss.jax_impl": (
         *LOSSES,

@@ -194,8 +194,7 @@ def ours_triton(loss: str) -> Implementation | None:
     """torch_impl's `loss` with its Triton kernels forced (``torch_impl.kernels("triton")``;
     on a CPU under Triton's interpreter), or None for a loss without kernels or where Triton
     cannot run (the reason is ``torch_impl._kernels.path``'s)."""
-    info = losses.get(loss)
-    if not info.is_softmax or info.is_linear:
+    if losses.get(loss).is_linear:
         return None
     try:
         from ..torch_impl import _kernels

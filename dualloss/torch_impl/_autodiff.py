@@ -118,3 +118,10 @@ def _inplace(*tensors):
     if torch.is_grad_enabled():
         return False
     return all(x is None or _values_are_concrete(x) for x in tensors)
+
+
+def _in_transform() -> bool:
+    """A torch.func transform is active (its batched or dual tensors take the eager path)."""
+    if torch.compiler.is_compiling():
+        return False
+    return torch._C._functorch.maybe_current_level() is not None

@@ -2,8 +2,9 @@
 
 Sections as in ``spec.sigmoid``: the core (softplus, sigmoid, the loss-or-gradient bodies and
 their ``_SigmoidLoss`` Function), the public functions. The math lives in
-``dualloss.spec.sigmoid``. May import ``_inputs`` and ``_autodiff``; never ``softmax``,
-``linear`` or ``dropins``.
+``dualloss.spec.sigmoid``; the Triton kernels' section picks ``_kernels.sigmoid`` where it
+runs. May import ``_inputs``, ``_autodiff`` and ``_kernels``; never ``softmax``, ``linear`` or
+``dropins``.
 """
 
 from __future__ import annotations
@@ -15,8 +16,15 @@ import torch
 from torch import Tensor
 
 from .. import _checks
-from . import _inputs
-from ._autodiff import _asks_for_no_gradient, _inplace, _other_input_grads
+from . import _inputs, _kernels
+from ._autodiff import (
+    _asks_for_no_gradient,
+    _frees_saved_tensors,
+    _in_transform,
+    _inplace,
+    _other_input_grads,
+    _saved_tensors_are_private,
+)
 from ._inputs import (
     _check_sigmoid_focal_targets,
     _compute_dtype,
@@ -219,6 +227,78 @@ def _sigmoid_reduce(loss, reduction, count):
 
 
 # ----------------------------------------------------------------------------------------------
+# Triton kernels (DESIGN 11): on CUDA, or forced by torch_impl.kernels("triton")
+# ----------------------------------------------------------------------------------------------
+
+_TRITON = None  # kernels.sigmoid, imported on first use
+
+
+class _SigmoidTriton(torch.autograd.Function):
+    """The kernels' forward and backward, as ``softmax._SoftmaxTriton``: the forward kernel
+    writes the loss and, where a gradient is needed (float32/float64), the gradient into a
+    buffer of its own; backward scales that buffer (in place in the graph's last backward),
+    recomputes it with the incoming gradient in half precision (one rounding), or under
+    ``create_graph=True`` returns the eager closed form in differentiable ops."""
+
+    @staticmethod
+    def forward(ctx, x, t, w, q, gamma, alpha, focal, reduction):
+        keeps_grad = ctx.needs_input_grad[0] and x.dtype in (torch.float32, torch.float64)
+        grad = torch.empty_like(x) if keeps_grad else None
+        loss = x.new_empty(x.shape if reduction == "none" else ())
+        _TRITON.sigmoid_fwd_(x, t, w, q, gamma, alpha, focal, reduction == "mean", loss, grad)
+        ctx.save_for_backward(x, t, w, q, grad)
+        ctx.gamma, ctx.alpha, ctx.focal = gamma, alpha, focal
+        ctx.count = float(x.numel()) if reduction == "mean" else 0.0
+        ctx.grad_is_private = _saved_tensors_are_private()
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        x, t, w, q, grad = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            scale = grad_loss / ctx.count if ctx.count else grad_loss
+            if ctx.focal:
+                grad = _sigmoid_focal_loss_or_grad(x, t, ctx.gamma, ctx.alpha, scale)
+            else:
+                grad = _sigmoid_cross_entropy_or_grad(x, t, w, q, scale)
+            grad = _posinf_to_nan(x, grad)
+        elif grad is None:
+            grad = _TRITON.sigmoid_bwd(
+                x, t, w, q, ctx.gamma, ctx.alpha, ctx.focal, grad_loss, ctx.count
+            )
+        elif ctx.grad_is_private and _frees_saved_tensors():
+            _TRITON.scale_elements_(grad, grad_loss, ctx.count)
+        else:
+            grad = _TRITON.scale_elements(grad, grad_loss, ctx.count)
+        return grad, None, None, None, None, None, None, None
+
+
+def _sigmoid_takes_triton(logits, targets, *factors):
+    """Whether the Triton kernel computes this call (``torch_impl.kernels`` decides where): no
+    gradient asked of the targets or the factors, factors the kernel reads as they are."""
+    if targets.requires_grad or targets.shape != logits.shape:
+        return False
+    for f in factors:
+        if f is not None and (f.requires_grad or not _kernels.factor_supported(f, logits.shape)):
+            return False
+    return not _in_transform() and _kernels.use_triton(logits)
+
+
+def _sigmoid_triton(logits, targets, w, q, gamma, alpha, focal, reduction):
+    """The loss in the logits' dtype, computed and reduced by the kernels."""
+    global _TRITON
+    if _TRITON is None:
+        _TRITON = _kernels.sigmoid_ops()
+    x = logits if logits.is_contiguous() else logits.contiguous()
+    t = targets.to(x.dtype) if targets.dtype != x.dtype else targets
+    t = t if t.is_contiguous() else t.contiguous()
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    w = None if w is None else w.to(acc)
+    q = None if q is None else q.to(acc)
+    return _SigmoidTriton.apply(x, t, w, q, float(gamma), alpha, focal, reduction)
+
+
+# ----------------------------------------------------------------------------------------------
 # Public API: sigmoid losses
 # ----------------------------------------------------------------------------------------------
 
@@ -226,6 +306,8 @@ def _sigmoid_reduce(loss, reduction, count):
 def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
     reduction = _checks.reduction(reduction)
     logits, targets, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
+    if _sigmoid_takes_triton(logits, targets, w, q):
+        return _sigmoid_triton(logits, targets, w, q, 0.0, None, False, reduction)
     # saves logits, targets, weight, pos_weight
     loss = _sigmoid_loss(
         _sigmoid_cross_entropy_or_grad, 4, reduction != "none", logits, targets, w, q
@@ -417,6 +499,8 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     logits, targets, _, _ = _sigmoid_inputs(logits, targets, None, None)
     if _inputs._VALIDATE_INDICES and _values_are_concrete(targets):
         _check_sigmoid_focal_targets(targets)
+    if _sigmoid_takes_triton(logits, targets):
+        return _sigmoid_triton(logits, targets, None, None, gamma, alpha, True, reduction)
     # saves logits, targets; gamma, alpha are options
     loss = _sigmoid_loss(
         _sigmoid_focal_loss_or_grad, 2, reduction != "none", logits, targets, gamma, alpha

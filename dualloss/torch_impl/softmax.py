@@ -17,6 +17,7 @@ from .. import _checks
 from . import _inputs, _kernels
 from ._autodiff import (
     _frees_saved_tensors,
+    _in_transform,
     _inplace,
     _saved_tensors_are_private,
     _with_closed_form_grad,
@@ -510,14 +511,7 @@ class _SoftmaxTriton(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None
 
 
-def _in_transform() -> bool:
-    """A torch.func transform is active (its batched or dual tensors take the eager path)."""
-    if torch.compiler.is_compiling():
-        return False
-    return torch._C._functorch.maybe_current_level() is not None
-
-
-def _takes_triton(logits, class_weight, label_smoothing, where, is_index):
+def _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
     """Whether the Triton kernel computes this call (``torch_impl.kernels`` decides where)."""
     return (
         is_index
@@ -568,7 +562,7 @@ def _softmax(
     logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index = (
         _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where)
     )
-    if _takes_triton(logits, class_weight, label_smoothing, where, is_index):
+    if _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
         # the kernel's op reduces: torch's weighted mean for the weighted cross entropy, the
         # kept elements otherwise (0 kept: a mean of 0)
         weighted = not is_focal and class_weight is not None

@@ -98,8 +98,17 @@ def path(device: torch.device | str) -> str:
     how = "interpreted" if _triton.interpreted() else "compiled"
     return (
         f"Triton kernels, {how} ({mode}), for the softmax losses with class-index targets "
-        "(no label smoothing, no where); the eager closed forms for the rest"
+        "(no label smoothing, no where) and the sigmoid losses; the eager closed forms for the "
+        "rest"
     )
+
+
+def factor_supported(f: torch.Tensor | None, shape) -> bool:
+    """Whether the sigmoid kernels read a weight / pos_weight `f` as it is (``sigmoid._factor``):
+    one number, one per element (the logits' `shape`) or one per class of the last axis."""
+    if f is None or f.numel() == 1 or tuple(f.shape) == tuple(shape):
+        return True
+    return len(shape) > 0 and f.shape[-1] == shape[-1] and f.numel() == shape[-1]
 
 
 def softmax_ops():

@@ -25,38 +25,8 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
-from triton.language.extra import libdevice
 
-from ._triton import interpreted
-
-_EXACT = not interpreted()
-
-
-@triton.jit
-def _exp(x, EXACT: tl.constexpr):
-    if EXACT:
-        return libdevice.exp(x)
-    else:
-        return tl.exp(x)
-
-
-@triton.jit
-def _log(x, EXACT: tl.constexpr):
-    if EXACT:
-        return libdevice.log(x)
-    else:
-        return tl.log(x)
-
-
-@triton.jit
-def _log1p(x, EXACT: tl.constexpr):
-    if EXACT:
-        return libdevice.log1p(x)
-    else:
-        # Kahan: log(u) x / (u - 1) with u = 1 + x rounded, within a few ULP (x where u is 1)
-        u = 1.0 + x
-        d = u - 1.0
-        return tl.where(d == 0.0, x, _log(u, EXACT) * (x / tl.where(d == 0.0, 1.0, d)))
+from ._common import _EXACT, _acc, _exp, _log, _log1p, _reduce_kernel
 
 
 @triton.jit
@@ -176,30 +146,6 @@ def _softmax_index_kernel(
 
 
 @triton.jit
-def _reduce_kernel(
-    rows_ptr, out_ptr, denominator_ptr, R, tiny,
-    MEAN: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
-    """One program: the sum of R per-element losses, divided for the mean by the sum of their
-    counts (the R entries after them; at least the smallest normal: none kept, a mean of 0);
-    in a fixed order, so the same inputs give the same bits on every run."""
-    cols = tl.arange(0, BLOCK)
-    total = tl.zeros((BLOCK,), ACC)
-    count = tl.zeros((BLOCK,), ACC)
-    for start in range(0, R, BLOCK):
-        inside = start + cols < R
-        total += tl.load(rows_ptr + start + cols, mask=inside, other=0.0)
-        if MEAN:
-            count += tl.load(rows_ptr + R + start + cols, mask=inside, other=0.0)
-    total_sum = tl.sum(total, 0)
-    if MEAN:
-        denominator = tl.maximum(tl.sum(count, 0), tiny)
-        tl.store(denominator_ptr, denominator)
-        total_sum = total_sum / denominator
-    tl.store(out_ptr, total_sum.to(out_ptr.dtype.element_ty))
-
-
-@triton.jit
 def _scale_rows_kernel(
     g_ptr, scale_ptr, divisor_ptr, out_ptr, C, D, stride_n, stride_c, stride_d, scale_stride,
     HAS_DIVISOR: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr,
@@ -219,10 +165,6 @@ def _scale_rows_kernel(
         offsets = base + j.to(tl.int64) * stride_c
         g = tl.load(g_ptr + offsets, mask=inside, other=0.0).to(ACC)
         tl.store(out_ptr + offsets, (g * scale).to(out_ptr.dtype.element_ty), mask=inside)
-
-
-def _acc(dtype: torch.dtype):
-    return tl.float64 if dtype == torch.float64 else tl.float32
 
 
 def _block(num_classes: int) -> tuple[int, int]:
@@ -271,8 +213,8 @@ def softmax_index_fwd_(
     count_at = y.numel() if mean else 0
     _launch(z, y, w, axis, gamma, ignore_index, weighted_count, rows, count_at, grad)
     _reduce_kernel[(1,)](
-        rows, loss, denominator if mean else loss, y.numel(), torch.finfo(acc).tiny,
-        MEAN=mean, ACC=_acc(z.dtype), BLOCK=1024, num_warps=4,
+        rows, loss, denominator if mean else loss, y.numel(), torch.finfo(acc).tiny, 0.0,
+        MEAN=int(mean), ACC=_acc(z.dtype), BLOCK=1024, num_warps=4,
     )  # fmt: skip
 
 
