@@ -148,7 +148,7 @@ BACKEND_EXTRAS = {
         # autograd Function over their custom ops, per family; torch.func transforms keep eager
         "_mode", "_missing", "_in_transform",
         "_softmax_takes_triton", "_softmax_triton", "_SoftmaxTriton",
-        "_sigmoid_takes_triton", "_sigmoid_triton", "_SigmoidTriton",
+        "_sigmoid_takes_triton", "_sigmoid_triton", "_SigmoidTriton", "_linear_takes_triton",
     },
 }  # fmt: skip
 # what the spec has that a backend does not: the judge's per-element intermediates, and the

@@ -485,3 +485,64 @@ def test_the_sigmoid_kernels_leave_target_gradients_and_second_order_to_the_eage
         (hvp_eager,) = torch.autograd.grad(first_eager.sum(), x)
     torch.testing.assert_close(first, first_eager)
     torch.testing.assert_close(hvp, hvp_eager)
+
+
+# ----------------------------------------------------------------------------------------------
+# The fused linear losses: each block's loss and gradient in one launch
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_fused_linear_kernel_path_meets_the_strict_standard(monkeypatch):
+    launches = _Launches(monkeypatch)
+
+    def candidate(hidden, linear_weight, targets, **options):
+        with torch_impl.kernels("triton"):
+            return torch_impl.linear_softmax_focal_loss(
+                hidden, linear_weight, targets, gamma=0.5, **options
+            )
+
+    report = parity.check(
+        candidate,
+        "linear_softmax_focal_loss",
+        backend="torch",
+        options={"gamma": 0.5},
+        standard="strict",
+        dtypes=("float32", "bfloat16"),
+    )
+    report.assert_ok()
+    assert set(launches.names) == {"_softmax_index_kernel"}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_the_fused_linear_kernel_path_agrees_with_the_eager_blocks(dtype, reduction, monkeypatch):
+    launches = _Launches(monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(10, 6, generator=gen).to(dtype)
+    w = (2 * torch.randn(13, 6, generator=gen)).to(dtype)
+    b = torch.randn(13, generator=gen).to(dtype)
+    t = torch.randint(0, 13, (10,), generator=gen)
+    t[4] = -100
+    weight = torch.rand(13, generator=gen)
+    for fn, options in [
+        (torch_impl.linear_softmax_cross_entropy, {"bias": b, "weight": weight}),
+        (torch_impl.linear_softmax_focal_loss, {"gamma": 2.0, "alpha": weight}),
+    ]:
+        results = {}
+        for mode in ("eager", "triton"):
+            inputs = [x.clone().requires_grad_() for x in (h, w, b)]
+            opts = dict(options, bias=inputs[2]) if "bias" in options else options
+            before = len(launches.names)
+            with torch_impl.kernels(mode):
+                loss = fn(inputs[0], inputs[1], t, reduction=reduction, chunk_size=4, **opts)
+            loss.sum().backward()
+            grads = [x.grad for x in inputs if x.grad is not None]
+            results[mode] = ([loss.double()] + [g.double() for g in grads], launches.names[before:])
+        eps = torch.finfo(dtype).eps
+        for got, expected in zip(results["triton"][0], results["eager"][0], strict=True):
+            scale = expected.abs().max().item()
+            torch.testing.assert_close(got, expected, rtol=16 * eps, atol=16 * eps * scale)
+        assert results["eager"][1] == []
+        # 3 blocks of at most 4 rows: one launch each in forward ('none': and in backward's
+        # recomputation with the per-row gradient)
+        assert results["triton"][1] == ["_softmax_index_kernel"] * (3 if reduction == "mean" else 6)

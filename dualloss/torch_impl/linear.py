@@ -2,7 +2,8 @@
 ``linear_softmax_focal_loss`` (``linear_weight`` (V, H) as ``nn.Linear``).
 
 Streams over blocks of rows, never holding the (N, V) logits or their gradient (docs/linear.md).
-May import ``_inputs``, ``_autodiff`` and ``softmax``; never ``sigmoid`` or ``dropins``.
+May import ``_inputs``, ``_autodiff``, ``_kernels`` and ``softmax``; never ``sigmoid`` or
+``dropins``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from torch import Tensor
 
 from .. import _checks
-from . import _inputs
+from . import _inputs, _kernels
 from ._inputs import (
     _as_array,
     _compute_dtype,
@@ -115,7 +116,9 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_lo
     return loss.squeeze(-1), grad
 
 
-def _linear_chunks(h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss):
+def _linear_chunks(
+    h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss, kernel=False
+):
     """The per-row losses of logits = h w^T + b, one block of `rows` rows at a time, and (with
     `grad_loss`, per-row factors) the gradients of sum_i grad_loss_i l_i w.r.t. h, w and b.
 
@@ -125,8 +128,10 @@ def _linear_chunks(h, w, b, y, class_weight, gamma, ignore_index, label_smoothin
     takes the softmax losses' dense path (``_softmax_loss_or_grad``) instead. The accumulators
     are in the compute dtype: float32 for half inputs (a bfloat16 running sum loses every small
     update). Ignored rows enter with hidden 0 (their loss and gradient are 0 whatever their
-    features, NaN included). Returns (loss, dh, dw, db); the gradients None without
-    `grad_loss`, db None without `b`.
+    features, NaN included). With `kernel` (``_linear_takes_triton``, decided once in forward,
+    so a backward's recomputation takes the same path) each block's loss and gradient are one
+    Triton launch. Returns (loss, dh, dw, db); the gradients None without `grad_loss`, db None
+    without `b`.
     """
     dtype = _compute_dtype(h.dtype)
     num_rows = h.shape[0]
@@ -139,6 +144,9 @@ def _linear_chunks(h, w, b, y, class_weight, gamma, ignore_index, label_smoothin
         dw = torch.zeros(w.shape, dtype=dtype, device=h.device)
         db = None if b is None else torch.zeros(b.shape, dtype=dtype, device=h.device)
     dense = gamma != 0.0 and label_smoothing != 0.0
+    # the Triton kernel (DESIGN 11): each block's loss and gradient in one launch, over the
+    # block's own buffer; the matrix products stay torch's (cuBLAS)
+    kernel = _kernels.softmax_ops().linear_block_ if kernel else None
     # one (rows, V) buffer for every block: the allocator hands no block back and forth (glibc
     # keeps freed blocks resident once its mmap threshold has risen to their size)
     buffer = torch.empty((min(rows, num_rows), w.shape[0]), dtype=dtype, device=h.device)
@@ -152,7 +160,13 @@ def _linear_chunks(h, w, b, y, class_weight, gamma, ignore_index, label_smoothin
         else:
             torch.addmm(b, h_block, w.T, out=z)
         block_grad = None if grad_loss is None else grad_loss[start : start + rows]
-        if dense:
+        if kernel is not None:
+            kernel(z, y_block, class_weight, gamma, ignore_index, loss[start : start + rows],
+                   None if block_grad is None else block_grad.to(dtype))  # fmt: skip
+            if block_grad is None:
+                continue
+            grad = z
+        elif dense:
             options = (1, gamma, ignore_index, label_smoothing)
             block_loss = _softmax_loss_or_grad(z, y_block, None, class_weight, *options, None)
             grad = None
@@ -166,7 +180,8 @@ def _linear_chunks(h, w, b, y, class_weight, gamma, ignore_index, label_smoothin
             block_loss, grad = _linear_block(
                 z, y_safe, a_y, kept, class_weight, gamma, label_smoothing, block_grad
             )
-        loss[start : start + rows] = block_loss
+        if kernel is None:
+            loss[start : start + rows] = block_loss
         if grad is None:
             continue
         dh[start : start + rows] = grad @ w
@@ -174,6 +189,18 @@ def _linear_chunks(h, w, b, y, class_weight, gamma, ignore_index, label_smoothin
         if db is not None:
             db += grad.sum(dim=0)
     return loss, dh, dw, db
+
+
+def _linear_takes_triton(h, class_weight, label_smoothing) -> bool:
+    """Whether the blocks take the Triton kernel (``torch_impl.kernels`` decides where): class
+    indices without label smoothing, no gradient asked of the class weight, not while
+    torch.compile traces the loop (it keeps the eager block)."""
+    return (
+        label_smoothing == 0.0
+        and (class_weight is None or not class_weight.requires_grad)
+        and not torch.compiler.is_compiling()
+        and _kernels.use_triton(h)
+    )
 
 
 class _LinearSoftmax(torch.autograd.Function):
@@ -193,9 +220,11 @@ class _LinearSoftmax(torch.autograd.Function):
         grad_loss = None
         if needs and not per_row:
             grad_loss = row_scale.expand(h.shape[0])
+        ctx.kernel = _linear_takes_triton(h, class_weight, label_smoothing)
         loss, dh, dw, db = _linear_chunks(
-            h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss
-        )
+            h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss,
+            ctx.kernel,
+        )  # fmt: skip
         ctx.save_for_backward(h, w, b, y, class_weight, row_scale)
         ctx.options = options
         ctx.precomputed = None if grad_loss is None else (dh, dw, db)
@@ -216,8 +245,9 @@ class _LinearSoftmax(torch.autograd.Function):
         else:
             grad_loss = grad_output if per_row else (row_scale * grad_output).expand(h.shape[0])
             _, dh, dw, db = _linear_chunks(
-                h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss
-            )
+                h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss,
+                ctx.kernel,
+            )  # fmt: skip
             scale = None
         if scale is not None:
             dh = (dh * scale).to(h.dtype)

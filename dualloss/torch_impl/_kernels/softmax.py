@@ -247,6 +247,17 @@ def _launch(
     )  # fmt: skip
 
 
+def linear_block_(z, y, w, gamma, ignore_index, loss, scale):
+    """A fused linear loss's block in one launch: the per-row loss of logits `z` (rows, V; a
+    contiguous buffer the caller owns, compute dtype) into `loss` (rows,), and, with `scale`
+    (one factor per row, or None for the loss alone), the gradient of sum_i scale_i l_i
+    written over `z` itself (pass 2 reads each logit before it writes its gradient). Not a
+    custom op: the eager fused linear loop calls it (under torch.compile that loop keeps the
+    eager block)."""
+    grad = None if scale is None else z
+    _launch(z, y, w, 1, gamma, ignore_index, False, loss, 0, grad, scale)
+
+
 def _row_scale(scale):
     """`scale` and its row stride: 0 for one number (the sum's or the mean's backward), read
     once per row without materialising it."""
