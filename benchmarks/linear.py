@@ -213,6 +213,10 @@ LLM_LINEAR = (8192, 4096, 128256)
 LLM_LOGITS = (8192, 128256)
 LLM_METHODS = ("linear_ours", "linear_ours_focal", "linear_unfused", "linear_tokamax",
                "logits_ours", "logits_optax")  # fmt: skip
+# torch (issue 26): ours (Triton kernels on CUDA), torch's own, Liger-Kernel's where installed
+TORCH_LLM_METHODS = ("torch_linear_ours", "torch_linear_ours_focal", "torch_linear_chunked",
+                     "torch_linear_liger", "torch_linear_unfused", "torch_logits_ours",
+                     "torch_logits_torch", "torch_logits_liger")  # fmt: skip
 
 
 def _llm_function(method):
@@ -280,12 +284,111 @@ def llm_one(method, reps):
     }))  # fmt: skip
 
 
-def llm(reps):
+def _torch_llm_function(method, shape):
+    """(loss function of the inputs, the inputs that require grad, all inputs) of one torch
+    LLM-head method, bfloat16 inputs on the default CUDA device (the CPU where there is none)."""
+    import torch
+    import torch.nn.functional as F
+
+    from dualloss import torch_impl
+
+    n, h, v = shape
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    g = torch.Generator(device="cpu").manual_seed(0)
+    targets = torch.randint(0, v, (n,), generator=g).to(device)
+    if "_logits_" in method:
+        logits = (2.0 * torch.randn(n, v, generator=g)).to(device, torch.bfloat16)
+        if method == "torch_logits_liger":
+            from liger_kernel.transformers import LigerCrossEntropyLoss  # optional
+
+            liger = LigerCrossEntropyLoss()
+            # Liger writes the gradient over the logits it is given: each call gets its own
+            # copy (its cost is in the time, as a caller who reads the logits again pays it)
+            fn = lambda z: liger(z.clone(), targets)  # noqa: E731
+        else:
+            fn = {
+                "torch_logits_ours": lambda z: torch_impl.softmax_cross_entropy(z, targets),
+                "torch_logits_torch": lambda z: F.cross_entropy(z, targets),
+            }[method]
+        return fn, [logits.requires_grad_()]
+    hidden = torch.randn(n, h, generator=g).to(device, torch.bfloat16).requires_grad_()
+    weight = (torch.randn(v, h, generator=g) / h**0.5).to(device, torch.bfloat16)
+    weight.requires_grad_()
+    if method == "torch_linear_liger":
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss  # optional
+
+        liger = LigerFusedLinearCrossEntropyLoss()
+        return (lambda x, w: liger(w, x, targets)), [hidden, weight]
+    options = (
+        torch.nn.LinearCrossEntropyOptions()
+        if hasattr(torch.nn, "LinearCrossEntropyOptions")
+        else None
+    )
+    fn = {
+        "torch_linear_ours": lambda x, w: torch_impl.linear_softmax_cross_entropy(x, w, targets),
+        "torch_linear_ours_focal": lambda x, w: torch_impl.linear_softmax_focal_loss(
+            x, w, targets, gamma=2.0
+        ),
+        "torch_linear_chunked": lambda x, w: F.linear_cross_entropy(x, w, targets, options=options),
+        "torch_linear_unfused": lambda x, w: F.cross_entropy(F.linear(x, w), targets),
+    }[method]
+    return fn, [hidden, weight]
+
+
+def torch_llm_one(method, reps, shape=LLM_LINEAR):
+    """One torch method in this process: median seconds of forward+backward, the device's peak
+    bytes beyond the inputs (``max_memory_allocated``) and the kernel launches of one call
+    (``torch.profiler``, CUDA only), as a JSON line."""
+    import torch
+
+    fn, inputs = _torch_llm_function(method, shape)
+    cuda = inputs[0].is_cuda
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+
+    def step():
+        for x in inputs:
+            x.grad = None
+        fn(*inputs).backward()
+
+    step()  # warm-up: compiles the kernels, allocates the gradients
+    sync()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() - base if cuda else None
+    launches = None
+    if cuda:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step()
+            sync()
+        launches = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    n, v = shape[0], shape[2]
+    print(json.dumps({
+        "method": method, "seconds": statistics.median(times),
+        "peak_beyond_inputs_bytes": peak, "launches": launches, "temp_bytes": None,
+        "logits_bytes": n * v * 2, "device": str(inputs[0].device),
+    }))  # fmt: skip
+
+
+def llm(reps, frameworks=("jax", "torch"), shape=None):
     """Every LLM-head method in a fresh process; prints a table and returns the rows."""
     rows = []
-    for method in LLM_METHODS:
+    methods = (LLM_METHODS if "jax" in frameworks else ()) + (
+        TORCH_LLM_METHODS if "torch" in frameworks else ()
+    )
+    extra = [] if shape is None else ["--llm-shape", ",".join(str(x) for x in shape)]
+    for method in methods:
         done = subprocess.run(
-            [sys.executable, "-m", "benchmarks.linear", "--llm-one", method, "--reps", str(reps)],
+            [sys.executable, "-m", "benchmarks.linear", "--llm-one", method, "--reps", str(reps),
+             *extra],
             capture_output=True, text=True, timeout=600,
         )  # fmt: skip
         lines = [x for x in done.stdout.splitlines() if x.startswith("{")]
@@ -298,11 +401,20 @@ def llm(reps):
         rows.append(row)
         peak = row["peak_beyond_inputs_bytes"]
         peak_text = "n/a" if peak is None else f"{peak / row['logits_bytes']:.3f}x logits"
-        print(f"  {method:18s} {row['seconds'] * 1e3:9.2f} ms  peak beyond inputs {peak_text}  "
-              f"XLA temp {row['temp_bytes'] / row['logits_bytes']:.3f}x logits")  # fmt: skip
+        temp = row["temp_bytes"]
+        temp_text = "" if temp is None else f"  XLA temp {temp / row['logits_bytes']:.3f}x logits"
+        launches = row.get("launches")
+        launch_text = "" if launches is None else f"  {launches} launches"
+        print(f"  {method:24s} {row['seconds'] * 1e3:9.2f} ms  peak beyond inputs {peak_text}"
+              f"{temp_text}{launch_text}")  # fmt: skip
     by = {r["method"]: r for r in rows if "seconds" in r}
     for a, b in (("linear_ours", "linear_unfused"), ("linear_ours", "linear_tokamax"),
-                 ("logits_ours", "logits_optax")):  # fmt: skip
+                 ("logits_ours", "logits_optax"),
+                 ("torch_linear_ours", "torch_linear_chunked"),
+                 ("torch_linear_ours", "torch_linear_liger"),
+                 ("torch_linear_ours", "torch_linear_unfused"),
+                 ("torch_logits_ours", "torch_logits_torch"),
+                 ("torch_logits_ours", "torch_logits_liger")):  # fmt: skip
         if a in by and b in by:
             print(f"  {a} / {b}: {by[a]['seconds'] / by[b]['seconds']:.2f}")
     return rows
@@ -444,7 +556,15 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--llm", action="store_true",
                         help="GPU only: the LLM head (8192, 4096, 128256) in bfloat16")  # fmt: skip
-    parser.add_argument("--llm-one", choices=LLM_METHODS, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--llm-one", choices=LLM_METHODS + TORCH_LLM_METHODS, help=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--llm-frameworks", default="jax,torch", help="with --llm: the frameworks, comma-separated"
+    )
+    parser.add_argument("--llm-shape", default=None,
+                        help="with --llm: N,H,V instead of the LLM head (a CPU rehearsal at a "
+                        "small shape; the logits are N x V)")  # fmt: skip
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--pairs", type=int, default=0,
                         help="time only: this many interleaved pairs of torch ours and unfused, "
@@ -454,11 +574,19 @@ def main(argv=None):
     parser.add_argument("--plot-rows", type=int, default=4096, help="N of the sweep")
     parser.add_argument("--plot-hidden", type=int, default=256, help="H of the sweep")
     args = parser.parse_args(argv)
+    shape = None if args.llm_shape is None else tuple(int(x) for x in args.llm_shape.split(","))
+    if args.llm_one in TORCH_LLM_METHODS:
+        torch_llm_one(args.llm_one, args.reps, shape or LLM_LINEAR)
+        return
     if args.llm_one:
         llm_one(args.llm_one, args.reps)
         return
     if args.llm:
-        rows = llm(args.reps)
+        frameworks = tuple(args.llm_frameworks.split(","))
+        bad = [f for f in frameworks if f not in ("jax", "torch")]
+        if bad:
+            parser.error(f"--llm-frameworks must be among jax, torch. Received: {','.join(bad)}.")
+        rows = llm(args.reps, frameworks, shape)
         if args.json:
             with open(args.json, "w") as out:
                 json.dump(rows, out, indent=1)

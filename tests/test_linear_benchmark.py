@@ -74,3 +74,32 @@ def test_memory_plot_is_written(tmp_path):
     path = tmp_path / "memory.png"
     linear.plot_memory(sweep, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_torch_llm_head_methods_compute_the_same_loss():
+    """The torch rows of ``--llm`` (the CPU, eager, a small shape): each method is the same
+    cross entropy of the same bfloat16 inputs (Liger's where it imports), so their times
+    compare like with like."""
+    import torch
+
+    shape = (16, 8, 50)
+    values = {}
+    for method in linear.TORCH_LLM_METHODS:
+        if "liger" in method:
+            continue  # its Triton kernels need CUDA or the interpreter
+        fn, inputs = linear._torch_llm_function(method, shape)
+        values[method] = fn(*inputs).float().item()
+    assert values.pop("torch_linear_ours_focal") < values["torch_linear_ours"]
+    for method in ("torch_linear_chunked", "torch_linear_unfused"):
+        torch.testing.assert_close(values[method], values["torch_linear_ours"], rtol=2e-2, atol=0)
+    torch.testing.assert_close(values["torch_logits_ours"], values["torch_logits_torch"],
+                               rtol=1e-2, atol=0)  # fmt: skip
+
+
+def test_torch_llm_one_prints_one_json_row(capsys):
+    import json
+
+    linear.torch_llm_one("torch_logits_ours", 1, (8, 4, 30))
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["method"] == "torch_logits_ours" and row["seconds"] > 0
+    assert row["logits_bytes"] == 8 * 30 * 2 and row["launches"] is None  # no CUDA here
