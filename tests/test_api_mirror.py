@@ -110,6 +110,9 @@ BACKEND_EXTRAS = {
         "_linear_block", "_linear_chunks", "_nan_like",
         "_linear_sum", "_linear_sum_fwd", "_linear_sum_bwd",
         "_linear_rows", "_linear_rows_fwd", "_linear_rows_bwd",
+        # `normalizer`: the mean's divisor given (the backends divide before the dtype cast),
+        # applied to the sigmoid losses' weights (each term divided before summing)
+        "_mean_divisor", "_sigmoid_divide",
     },
     "torch_impl": {
         # dtypes, index validation and functorch
@@ -144,6 +147,8 @@ BACKEND_EXTRAS = {
         "_asks_for_no_gradient", "_sigmoid_loss",
         # the fused linear losses: the row-block loop, its in-place block kernel, its Function
         "_linear_chunks", "_linear_block", "_LinearSoftmax",
+        # `normalizer`: the mean's divisor given (the backends divide before the dtype cast)
+        "_mean_divisor",
     },
 }  # fmt: skip
 # what the spec has that a backend does not: the judge's per-element intermediates, and the
@@ -155,6 +160,8 @@ SPEC_EXTRAS = {
     "_sigmoid_focal_input_grad",
     # the fused linear losses: picking one gradient of the spec's dict (`wrt=`)
     "_linear_grad",
+    # `normalizer`: the spec divides the reduction='sum' result (loss or any gradient) by it
+    "_normalize",
 }  # fmt: skip
 
 

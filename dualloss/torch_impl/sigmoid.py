@@ -21,6 +21,8 @@ from ._inputs import (
     _check_sigmoid_focal_targets,
     _compute_dtype,
     _gamma,
+    _mean_divisor,
+    _normalizer,
     _sigmoid_inputs,
     _unit_interval,
     _values_are_concrete,
@@ -211,10 +213,13 @@ def _sigmoid_loss(loss_or_grad, num_saved, reduce, *inputs):
 
 
 def _sigmoid_reduce(loss, reduction, count):
-    """`loss` from ``_SigmoidLoss``: per element ('none') or summed; 'mean' divides by `count`
-    (0 with zero gradient for no elements)."""
+    """`loss` from ``_SigmoidLoss``: per element ('none') or summed; 'mean' divides by `count`, a
+    number or a 0-d tensor (a normalizer, never read on the host); 0 with zero gradient for 0."""
     if reduction != "mean":
         return loss
+    if isinstance(count, Tensor):
+        is_zero = count == 0
+        return torch.where(is_zero, loss * 0.0, loss / torch.where(is_zero, 1, count))
     return loss * 0.0 if count == 0 else loss / count
 
 
@@ -223,8 +228,8 @@ def _sigmoid_reduce(loss, reduction, count):
 # ----------------------------------------------------------------------------------------------
 
 
-def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
-    reduction = _checks.reduction(reduction)
+def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction, normalizer):
+    reduction, normalizer = _normalizer(reduction, normalizer)
     logits, targets, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
     # saves logits, targets, weight, pos_weight
     loss = _sigmoid_loss(
@@ -233,7 +238,8 @@ def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
     if loss.shape != logits.shape and reduction == "none":
         # a weight broadcast over more than the logits' elements cannot occur (checked above)
         loss = loss.expand(logits.shape)
-    return _sigmoid_reduce(loss, reduction, logits.numel()).to(logits.dtype)
+    count = _mean_divisor(logits.numel(), normalizer)
+    return _sigmoid_reduce(loss, reduction, count).to(logits.dtype)
 
 
 def sigmoid_cross_entropy(
@@ -243,12 +249,13 @@ def sigmoid_cross_entropy(
     weight: Tensor | None = None,
     pos_weight: Tensor | None = None,
     reduction: str = "mean",
+    normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """Sigmoid cross entropy with logits, torch semantics (see ``spec.sigmoid_cross_entropy``).
 
     Result in the logits' dtype (half precision computed in float32), closed-form gradient.
     """
-    return _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
+    return _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction, normalizer)
 
 
 def _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss):
@@ -407,8 +414,8 @@ def _sigmoid_focal_targets_grad(logits, targets, gamma, alpha, grad_loss):
 _TARGETS_GRAD = {_sigmoid_focal_loss_or_grad: _sigmoid_focal_targets_grad}
 
 
-def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
-    reduction = _checks.reduction(reduction)
+def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction, normalizer):
+    reduction, normalizer = _normalizer(reduction, normalizer)
     gamma = _gamma(gamma)
     if isinstance(alpha, numbers.Real):
         alpha = _unit_interval("alpha", alpha)
@@ -421,7 +428,8 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     loss = _sigmoid_loss(
         _sigmoid_focal_loss_or_grad, 2, reduction != "none", logits, targets, gamma, alpha
     )
-    return _sigmoid_reduce(loss, reduction, logits.numel()).to(logits.dtype)
+    count = _mean_divisor(logits.numel(), normalizer)
+    return _sigmoid_reduce(loss, reduction, count).to(logits.dtype)
 
 
 def sigmoid_focal_loss(
@@ -431,10 +439,11 @@ def sigmoid_focal_loss(
     gamma: float = 2.0,
     alpha: float | None = None,
     reduction: str = "mean",
+    normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """Sigmoid focal loss, torchvision semantics (see ``spec.sigmoid_focal_loss``).
 
     Note torchvision's default alpha is 0.25; here (as in the spec) it is None. Result in the
     logits' dtype (half precision computed in float32), closed-form gradient.
     """
-    return _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
+    return _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction, normalizer)
