@@ -69,9 +69,10 @@ MODULE_EXTRAS = {
     "spec": {"wrt", "intermediates"},
     # the closed-form derivative adapter (autograd.Function), the F.* / nn.*Loss signatures, and
     # the place of the accelerator kernels (DESIGN 11)
-    "torch_impl": {"_autodiff", "dropins", "_kernels"},
-    # the closed-form derivative adapter (custom_jvp)
-    "jax_impl": {"_autodiff"},
+    "torch_impl": {"_autodiff", "dropins", "_kernels", "parallel"},
+    # the closed-form derivative adapter (custom_jvp); both backends: `global_count` and the
+    # collectives past one device (DESIGN 12)
+    "jax_impl": {"_autodiff", "parallel"},
 }
 
 # what a backend has that the spec does not, and why
