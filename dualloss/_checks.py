@@ -28,6 +28,46 @@ def reduction(reduction: object) -> str:
     return reduction
 
 
+def normalizer_reduction(reduction: str) -> None:
+    """A `normalizer` replaces the divisor of reduction 'mean': the reduction must be 'mean'."""
+    if reduction != "mean":
+        raise ValueError(
+            "`normalizer` replaces the divisor of reduction='mean' (the loss becomes the sum over "
+            f"the kept elements divided by it), so it needs reduction='mean'. Received: "
+            f"reduction={reduction!r}."
+        )
+
+
+def normalizer_number(normalizer: object) -> float:
+    """A Python number given as `normalizer`: finite and >= 0 (a count or a sum of weights)."""
+    if isinstance(normalizer, bool) or not isinstance(normalizer, numbers.Real):
+        raise TypeError(
+            "`normalizer` must be a number or a scalar array (the global count of kept targets "
+            f"or the sum of their weights). Received: normalizer={normalizer!r}."
+        )
+    value = float(normalizer)
+    if not 0.0 <= value < math.inf:
+        raise ValueError(
+            "`normalizer` must be a finite number >= 0 (the global count of kept targets or the "
+            f"sum of their weights). Received: normalizer={normalizer!r}."
+        )
+    return value
+
+
+def normalizer_array(shape: Sequence[int], is_real: bool, dtype: object) -> None:
+    """An array given as `normalizer`: a scalar of a floating or integer dtype."""
+    if not is_real:
+        raise TypeError(
+            "`normalizer` must have a floating or integer dtype. "
+            f"Received: normalizer.dtype={dtype}."
+        )
+    if len(shape) != 0:
+        raise ValueError(
+            "`normalizer` must be a scalar (a number or a 0-d array). "
+            f"Received: normalizer.shape={_shape(shape)}."
+        )
+
+
 def real(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"`{name}` must be a real number. Received: {name}={value!r}.")

@@ -88,7 +88,8 @@ class Option:
     `kind` says what it is: 'real' (a number; `low`/`high` bound it), 'class_vector' (length C),
     'scalar_or_class_vector' (softmax focal alpha), 'elementwise' (broadcastable to the logits),
     'index' (an integer), 'mask' (boolean, the logits or the batch shape), 'choice' (`choices`),
-    'size' (None or an integer >= 1: the fused linear losses' rows per block).
+    'size' (None or an integer >= 1: the fused linear losses' rows per block), 'normalizer' (None,
+    or a number or 0-d array >= 0 that replaces the divisor of reduction 'mean').
     `neutral` is the value at which the option changes nothing; `factor` marks the weights that
     multiply the loss (their size scales every error, see ``parity.tolerance``).
     """
@@ -226,6 +227,8 @@ LABEL_SMOOTHING = Option(
     "label_smoothing", "real", 0.0, 0.0, differentiable=True, low=0.0, high=1.0
 )
 WHERE = Option("where", "mask", None, None)
+# the mean's divisor when given (a number or a 0-d array; a constant, never differentiated)
+NORMALIZER = Option("normalizer", "normalizer", None, None)
 AXIS = Option("axis", "index", -1, -1)
 
 # the error inputs every loss of a family shares (messages of ``dualloss._checks``)
@@ -234,6 +237,22 @@ _REDUCTION_ERROR = ErrorInput(
     {"reduction": "avg"},
     ValueError,
     "`reduction` must be one of 'none', 'mean', 'sum'. Received: reduction='avg'.",
+)
+_NORMALIZER_ERRORS = (
+    ErrorInput(
+        "normalizer with reduction sum",
+        {"reduction": "sum", "normalizer": 4.0},
+        ValueError,
+        "`normalizer` replaces the divisor of reduction='mean' (the loss becomes the sum over the "
+        "kept elements divided by it), so it needs reduction='mean'. Received: reduction='sum'.",
+    ),
+    ErrorInput(
+        "negative normalizer",
+        {"normalizer": -1.0},
+        ValueError,
+        "`normalizer` must be a finite number >= 0 (the global count of kept targets or the sum "
+        "of their weights). Received: normalizer=-1.0.",
+    ),
 )
 _GAMMA_ERRORS = (
     ErrorInput(
@@ -251,6 +270,7 @@ _GAMMA_ERRORS = (
 )
 _SOFTMAX_ERRORS = (
     _REDUCTION_ERROR,
+    *_NORMALIZER_ERRORS,
     ErrorInput(
         "label smoothing above 1",
         {"label_smoothing": 1.5},
@@ -322,6 +342,7 @@ _SOFTMAX_ERRORS = (
 )
 _SIGMOID_ERRORS = (
     _REDUCTION_ERROR,
+    *_NORMALIZER_ERRORS,
     ErrorInput(
         "targets of the wrong shape",
         {},
@@ -354,6 +375,7 @@ SOFTMAX_CROSS_ENTROPY = LossInfo(
         LABEL_SMOOTHING,
         WHERE,
         REDUCTION,
+        NORMALIZER,
     ),
     differentiable=("logits", "targets", "weight", "label_smoothing"),
     regions=REGIONS,
@@ -396,6 +418,7 @@ SOFTMAX_FOCAL_LOSS = LossInfo(
         LABEL_SMOOTHING,
         WHERE,
         REDUCTION,
+        NORMALIZER,
     ),
     differentiable=("logits", "targets", "gamma", "alpha", "label_smoothing"),
     regions=REGIONS,
@@ -435,6 +458,7 @@ SIGMOID_CROSS_ENTROPY = LossInfo(
         Option("weight", "elementwise", None, None, differentiable=True, factor=True),
         Option("pos_weight", "elementwise", None, None, differentiable=True, factor=True),
         REDUCTION,
+        NORMALIZER,
     ),
     differentiable=("logits", "targets", "weight", "pos_weight"),
     regions=SIGMOID_REGIONS,
@@ -464,6 +488,7 @@ SIGMOID_FOCAL_LOSS = LossInfo(
         GAMMA,
         Option("alpha", "real", None, None, differentiable=True, low=0.0, high=1.0, factor=True),
         REDUCTION,
+        NORMALIZER,
     ),
     differentiable=("logits", "targets", "gamma", "alpha"),
     regions=SIGMOID_REGIONS,
@@ -492,6 +517,7 @@ SIGMOID_FOCAL_LOSS = LossInfo(
 # error bound), through ``parity.check`` like the others
 _LINEAR_SHARED_ERRORS = (
     _REDUCTION_ERROR,
+    *_NORMALIZER_ERRORS,
     ErrorInput(
         "bias of the wrong length",
         {"bias": np.zeros(3)},
@@ -547,6 +573,7 @@ LINEAR_SOFTMAX_CROSS_ENTROPY = LossInfo(
         IGNORE_INDEX,
         LINEAR_LABEL_SMOOTHING,
         REDUCTION,
+        NORMALIZER,
         CHUNK_SIZE,
     ),
     differentiable=("hidden", "linear_weight", "bias"),
@@ -568,6 +595,7 @@ LINEAR_SOFTMAX_FOCAL_LOSS = LossInfo(
         IGNORE_INDEX,
         LINEAR_LABEL_SMOOTHING,
         REDUCTION,
+        NORMALIZER,
         CHUNK_SIZE,
     ),
     differentiable=("hidden", "linear_weight", "bias"),

@@ -69,9 +69,10 @@ MODULE_EXTRAS = {
     "spec": {"wrt", "intermediates"},
     # the closed-form derivative adapter (autograd.Function), the F.* / nn.*Loss signatures, and
     # the place of the accelerator kernels (DESIGN 11)
-    "torch_impl": {"_autodiff", "dropins", "_kernels"},
-    # the closed-form derivative adapter (custom_jvp)
-    "jax_impl": {"_autodiff"},
+    "torch_impl": {"_autodiff", "dropins", "_kernels", "parallel"},
+    # the closed-form derivative adapter (custom_jvp); both backends: `global_count` and the
+    # collectives past one device (DESIGN 12)
+    "jax_impl": {"_autodiff", "parallel"},
 }
 
 # what a backend has that the spec does not, and why
@@ -110,6 +111,9 @@ BACKEND_EXTRAS = {
         "_linear_block", "_linear_chunks", "_nan_like",
         "_linear_sum", "_linear_sum_fwd", "_linear_sum_bwd",
         "_linear_rows", "_linear_rows_fwd", "_linear_rows_bwd",
+        # `normalizer`: the mean's divisor given (the backends divide before the dtype cast),
+        # applied to the sigmoid losses' weights (each term divided before summing)
+        "_mean_divisor", "_sigmoid_divide",
     },
     "torch_impl": {
         # dtypes, index validation and functorch
@@ -149,6 +153,8 @@ BACKEND_EXTRAS = {
         "_mode", "_missing", "_in_transform",
         "_softmax_takes_triton", "_softmax_triton", "_SoftmaxTriton",
         "_sigmoid_takes_triton", "_sigmoid_triton", "_SigmoidTriton", "_linear_takes_triton",
+        # `normalizer`: the mean's divisor given (the backends divide before the dtype cast)
+        "_mean_divisor",
     },
 }  # fmt: skip
 # what the spec has that a backend does not: the judge's per-element intermediates, and the
@@ -160,6 +166,8 @@ SPEC_EXTRAS = {
     "_sigmoid_focal_input_grad",
     # the fused linear losses: picking one gradient of the spec's dict (`wrt=`)
     "_linear_grad",
+    # `normalizer`: the spec divides the reduction='sum' result (loss or any gradient) by it
+    "_normalize",
 }  # fmt: skip
 
 

@@ -48,11 +48,13 @@ DOCUMENTED = {
         "SigmoidFocalLoss",
         "set_validate_indices",
         "kernels",
+        "global_count",
     ),
     "dualloss.jax_impl": (
         *LOSSES,
         "softmax_cross_entropy_with_integer_labels",
         "sigmoid_binary_cross_entropy",
+        "global_count",
     ),
     "dualloss.optax": (
         "softmax_cross_entropy_with_integer_labels",

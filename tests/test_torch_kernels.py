@@ -546,3 +546,27 @@ def test_the_fused_linear_kernel_path_agrees_with_the_eager_blocks(dtype, reduct
         # 3 blocks of at most 4 rows: one launch each in forward ('none': and in backward's
         # recomputation with the per-row gradient)
         assert results["triton"][1] == ["_softmax_index_kernel"] * (3 if reduction == "mean" else 6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_normalizer_gives_the_eager_result_on_the_kernel_path(dtype):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(6, 5, generator=gen).to(dtype)
+    index = torch.tensor([0, 1, -100, 3, 4, 2])
+    soft = torch.rand(6, 5, generator=gen).to(dtype)
+    for fn, targets, options in [
+        (torch_impl.softmax_cross_entropy, index, {}),
+        (torch_impl.softmax_focal_loss, index, {"gamma": 2.0}),
+        (torch_impl.sigmoid_cross_entropy, soft, {"pos_weight": torch.rand(5, generator=gen)}),
+        (torch_impl.sigmoid_focal_loss, soft, {"alpha": 0.25}),
+    ]:
+        for normalizer in (7, torch.tensor(3.5), 0):
+            results = []
+            for mode in ("eager", "triton"):
+                xm = x.clone().requires_grad_()
+                with torch_impl.kernels(mode):
+                    loss = fn(xm, targets, normalizer=normalizer, **options)
+                loss.backward()
+                results.append((loss, xm.grad))
+            torch.testing.assert_close(results[1][0], results[0][0])
+            torch.testing.assert_close(results[1][1], results[0][1])

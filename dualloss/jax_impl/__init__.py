@@ -52,6 +52,7 @@ sits above this package; nothing here imports it.
 """
 
 from .linear import linear_softmax_cross_entropy, linear_softmax_focal_loss
+from .parallel import global_count
 from .sigmoid import sigmoid_binary_cross_entropy, sigmoid_cross_entropy, sigmoid_focal_loss
 from .softmax import (
     softmax_cross_entropy,
@@ -68,4 +69,5 @@ __all__ = [
     "linear_softmax_focal_loss",
     "softmax_cross_entropy_with_integer_labels",
     "sigmoid_binary_cross_entropy",
+    "global_count",
 ]

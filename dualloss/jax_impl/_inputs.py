@@ -321,3 +321,27 @@ def _reduce(loss, reduction, denominator):
     nonzero = denominator != 0
     total = jnp.sum(loss / jnp.where(nonzero, denominator, 1))
     return jnp.where(nonzero, total, 0.0)
+
+
+def _normalizer(reduction, normalizer):
+    """The checked `reduction` and `normalizer` (``spec._normalizer``): None, a float, or a 0-d
+    array (possibly traced) behind ``stop_gradient``: the divisor is a constant, so `grad`
+    w.r.t. it is 0 by construction (torch_impl refuses a tensor that requires grad). The
+    reduction stays 'mean': `normalizer` is the mean's divisor (``_reduce``)."""
+    reduction = _checks.reduction(reduction)
+    if normalizer is None:
+        return reduction, None
+    _checks.normalizer_reduction(reduction)
+    _not_torch(normalizer=normalizer)
+    if np.isscalar(normalizer) or isinstance(normalizer, (int, float, bool)):
+        return reduction, _checks.normalizer_number(normalizer)
+    normalizer = jnp.asarray(normalizer)
+    dtype = normalizer.dtype
+    is_real = jnp.issubdtype(dtype, jnp.floating) or jnp.issubdtype(dtype, jnp.integer)
+    _checks.normalizer_array(normalizer.shape, is_real, dtype)
+    return reduction, jax.lax.stop_gradient(normalizer)
+
+
+def _mean_divisor(denominator, normalizer):
+    """The divisor of reduction 'mean': `normalizer` where given, else the mean's own."""
+    return denominator if normalizer is None else normalizer

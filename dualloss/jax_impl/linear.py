@@ -21,6 +21,7 @@ from ._inputs import (
     _check_traced_indices,
     _compute_dtype,
     _is_concrete,
+    _normalizer,
     _not_torch,
 )
 from .softmax import _at, _log1m, _softmax_focal_terms
@@ -266,13 +267,14 @@ def _linear_softmax(
     ignore_index,
     label_smoothing,
     reduction,
+    normalizer,
     chunk_size,
 ):
     """Validates the fused loss's arguments and applies the row-block scan to the rows of
     `hidden` (``spec._linear_softmax``, without its (N, V) logits)."""
     _not_torch(hidden=hidden, linear_weight=linear_weight, targets=targets, bias=bias)
     _not_torch(weight=class_weight_arg, gamma=gamma, label_smoothing=label_smoothing)
-    reduction = _checks.reduction(reduction)
+    reduction, normalizer = _normalizer(reduction, normalizer)
     hidden = _as_array(hidden)
     linear_weight = _as_array(linear_weight)
     targets = _as_array(targets)
@@ -333,7 +335,12 @@ def _linear_softmax(
     if reduction == "none":
         loss = _linear_rows(h, linear_weight, bias, y_safe, a_y, kept, class_weight, static)
         return loss.reshape(targets.shape).astype(hidden.dtype)
-    if reduction == "mean":
+    if normalizer is not None:
+        # the given divisor of the mean (a constant)
+        denominator = jnp.asarray(normalizer, dtype)
+        nonzero = denominator != 0
+        row_scale = jnp.where(nonzero, 1.0 / jnp.where(nonzero, denominator, 1.0), 0.0)
+    elif reduction == "mean":
         if is_focal or class_weight is None:
             # plain mean over the kept rows
             denominator = jnp.sum(kept)
@@ -359,6 +366,7 @@ def linear_softmax_cross_entropy(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
     chunk_size: int | None = None,
 ) -> jax.Array:
     """Softmax cross entropy of hidden @ linear_weight + bias without the (N, V) logits
@@ -382,6 +390,7 @@ def linear_softmax_cross_entropy(
         ignore_index,
         label_smoothing,
         reduction,
+        normalizer,
         chunk_size,
     )
 
@@ -397,6 +406,7 @@ def linear_softmax_focal_loss(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
     chunk_size: int | None = None,
 ) -> jax.Array:
     """Softmax focal loss of hidden @ linear_weight + bias without the (N, V) logits
@@ -413,5 +423,6 @@ def linear_softmax_focal_loss(
         ignore_index,
         label_smoothing,
         reduction,
+        normalizer,
         chunk_size,
     )

@@ -19,6 +19,8 @@ from ._inputs import (
     ArrayLike,
     _as_array,
     _is_static,
+    _mean_divisor,
+    _normalizer,
     _not_torch,
     _reduce,
     _scalar_option,
@@ -116,18 +118,26 @@ def _sigmoid_reduce(loss, reduction):
     return _reduce(loss, reduction, loss.size)
 
 
+def _sigmoid_divide(w, divisor):
+    """The weights `w` divided by the mean's divisor (a number or a normalizer array); 0 for 0."""
+    if isinstance(divisor, (int, float)):
+        return w / divisor if divisor != 0 else w * 0.0
+    nonzero = divisor != 0
+    return jnp.where(nonzero, w / jnp.where(nonzero, divisor, 1).astype(w.dtype), 0.0)
+
+
 # ----------------------------------------------------------------------------------------------
 # Public API: sigmoid losses
 # ----------------------------------------------------------------------------------------------
 
 
-def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
-    reduction = _checks.reduction(reduction)
+def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction, normalizer):
+    reduction, normalizer = _normalizer(reduction, normalizer)
     x, t, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
     if reduction == "mean":
         # each term divided before summing (a mean near the top of the range cannot overflow),
         # through the weight (see _sigmoid_terms); the mean over no elements is 0
-        w = w / max(x.size, 1)
+        w = _sigmoid_divide(w, _mean_divisor(x.size, normalizer))
         reduction = "sum"
     loss = _sigmoid_cross_entropy_value(x, t, w, q).reshape(_as_array(logits).shape)
     return _sigmoid_reduce(loss, reduction).astype(_as_array(logits).dtype)
@@ -140,13 +150,14 @@ def sigmoid_cross_entropy(
     weight: ArrayLike | None = None,
     pos_weight: ArrayLike | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
 ) -> jax.Array:
     """Sigmoid (binary) cross entropy with logits, torch semantics; see ``spec``.
 
     Computed in the logits dtype (float32 for float16/bfloat16) and returned in it; closed-form
     gradient w.r.t. the logits (custom_jvp).
     """
-    return _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
+    return _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction, normalizer)
 
 
 def sigmoid_binary_cross_entropy(logits: ArrayLike, labels: ArrayLike) -> jax.Array:
@@ -296,9 +307,9 @@ _sigmoid_focal_value_traced = _with_closed_form_grad(
 )
 
 
-def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
+def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction, normalizer):
     _not_torch(gamma=gamma, alpha=alpha)
-    reduction = _checks.reduction(reduction)
+    reduction, normalizer = _normalizer(reduction, normalizer)
     gamma = _scalar_option("gamma", gamma)
     if isinstance(alpha, (jax.Array, np.ndarray)) and alpha.ndim == 0:
         alpha = _scalar_option("alpha", alpha)
@@ -309,7 +320,9 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     if alpha is not None:
         alpha = _as_array(alpha).astype(x.dtype)
     # a mean's 1 / N inside the terms, as in _sigmoid_cross_entropy; no elements: 0
-    w = jnp.asarray(1.0 / max(x.size, 1) if reduction == "mean" else 1.0, dtype=x.dtype)
+    w = jnp.ones((), dtype=x.dtype)
+    if reduction == "mean":
+        w = _sigmoid_divide(w, _mean_divisor(x.size, normalizer))
     reduction = "sum" if reduction == "mean" else reduction
     if _is_static(gamma):
         loss = _sigmoid_focal_value(x, t, w, alpha, gamma)
@@ -326,6 +339,7 @@ def sigmoid_focal_loss(
     gamma: float = 2.0,
     alpha: float | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
 ) -> jax.Array:
     """Sigmoid focal loss, torchvision semantics; see ``spec.sigmoid_focal_loss`` for the math.
 
@@ -333,4 +347,4 @@ def sigmoid_focal_loss(
     gradient w.r.t. the logits (custom_jvp). `gamma` and `alpha` (None, a number, or a scalar
     array) may be traced. Note torchvision's default alpha is 0.25; here it is None.
     """
-    return _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
+    return _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction, normalizer)

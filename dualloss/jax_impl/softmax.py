@@ -23,6 +23,8 @@ from ._inputs import (
     _class_axes_last,
     _expand_where,
     _is_static,
+    _mean_divisor,
+    _normalizer,
     _not_torch,
     _reduce,
     _scalar_option,
@@ -304,9 +306,10 @@ def _softmax(
     label_smoothing,
     where,
     reduction,
+    normalizer,
 ):
     _not_torch(gamma=gamma, label_smoothing=label_smoothing)
-    reduction = _checks.reduction(reduction)
+    reduction, normalizer = _normalizer(reduction, normalizer)
     if is_focal:
         gamma = _scalar_option("gamma", gamma)
         weight, alpha = None, class_weight_arg
@@ -353,7 +356,7 @@ def _softmax(
     else:
         # plain mean over the kept elements (for probability targets: those with a class left)
         denominator = jnp.sum(keep)
-    loss = _reduce(loss, reduction, denominator)
+    loss = _reduce(loss, reduction, _mean_divisor(denominator, normalizer))
     return loss.astype(_as_array(logits).dtype)
 
 
@@ -372,15 +375,28 @@ def softmax_cross_entropy(
     label_smoothing: float = 0.0,
     where: ArrayLike | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
 ) -> jax.Array:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics; see ``spec`` for the math.
 
     Class axis -1 by default. Computed in the logits dtype (float32 for float16/bfloat16) and
     returned in it. Closed-form gradient w.r.t. the logits (custom_jvp: grad, jacfwd, hessian).
     Under ``jit`` an index outside [0, C) gives NaN (an error under ``checkify``).
+    `normalizer` (a number or a 0-d array, may be traced) replaces the mean's divisor, as in the
+    spec; it is a constant (``stop_gradient``).
     """
     return _softmax(
-        logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
+        logits,
+        targets,
+        axis,
+        weight,
+        0.0,
+        False,
+        ignore_index,
+        label_smoothing,
+        where,
+        reduction,
+        normalizer,
     )
 
 
@@ -395,6 +411,7 @@ def softmax_focal_loss(
     label_smoothing: float = 0.0,
     where: ArrayLike | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
 ) -> jax.Array:
     """Softmax focal loss (Lin et al.); see ``spec.softmax_focal_loss`` for the math.
 
@@ -403,7 +420,17 @@ def softmax_focal_loss(
     them); a Python gamma = 0 takes the exact cross-entropy branch.
     """
     return _softmax(
-        logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
+        logits,
+        targets,
+        axis,
+        alpha,
+        gamma,
+        True,
+        ignore_index,
+        label_smoothing,
+        where,
+        reduction,
+        normalizer,
     )
 
 

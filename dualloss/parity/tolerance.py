@@ -670,11 +670,17 @@ def judge(
     reduction = options.get("reduction", "mean")
     expected_value = np.asarray(info.spec(logits, targets, **options))
     expected_grad = None if grad is None else np.asarray(info.grad(logits, targets, **options))
+    # a `normalizer` is the divisor of 'mean': the error model divides by it instead of the
+    # mean's own denominator, and the per-element calls leave it out
+    normalizer = options.pop("normalizer", None)
+    called = options if normalizer is None else dict(options, normalizer=normalizer)
     element_options = dict(options, reduction="none")
     elements = np.asarray(info.spec(logits, targets, **element_options))
     # the spec's per-element intermediates, computed once for every term of the error model
     with np.errstate(all="ignore"):
         intermediates = info.intermediates(logits, targets, **element_options)
+    if normalizer is not None:
+        intermediates = intermediates._replace(denominator=float(np.asarray(normalizer)))
     if practical:
         value_tolerance, grad_tolerance = _practical_tolerances(
             info, logits, targets, options, dtype, expected_value, expected_grad, intermediates,
@@ -703,7 +709,7 @@ def judge(
         )
     expected_inputs, received_inputs = {}, {}
     for name, received in (input_grads or {}).items():
-        expected = np.asarray(info.grad(logits, targets, **options, wrt=name), dtype=np.float64)
+        expected = np.asarray(info.grad(logits, targets, **called, wrt=name), dtype=np.float64)
         tolerance = _input_grad_tolerance(info, logits, targets, options, dtype, standard, name,
                                           expected, intermediates)  # fmt: skip
         received = np.asarray(received, dtype=np.float64)
@@ -721,7 +727,7 @@ def judge(
         scaled_error=max(scaled),
         loss=loss,
         dtype=dtype,
-        options=options,
+        options=called,
         expected_value=expected_value,
         received_value=np.asarray(value, dtype=np.float64),
         expected_grad=expected_grad,

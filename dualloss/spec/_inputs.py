@@ -1,7 +1,8 @@
 """Argument handling of the spec: arrays to float64, the softmax and sigmoid arguments checked
 (one call into ``dualloss._checks`` each) and converted, and the reductions.
 
-Holds ``_as_array``, ``_softmax_inputs``, ``_sigmoid_inputs``, ``_reduce``. Imports NumPy and
+Holds ``_as_array``, ``_softmax_inputs``, ``_sigmoid_inputs``, ``_reduce``, ``_normalizer``,
+``_normalize``. Imports NumPy and
 ``dualloss._checks`` only: no other module of ``dualloss.spec``.
 """
 
@@ -139,3 +140,32 @@ def _reduce(loss, grad, reduction, denominator):
     if denominator == 0:
         return total * 0.0, grad * 0.0
     return total / denominator, grad / denominator
+
+
+def _normalizer(reduction, normalizer):
+    """The checked `reduction` and `normalizer` (a float, or None when not given).
+
+    `normalizer` replaces the divisor of reduction 'mean': the loss is then the reduction='sum'
+    loss divided by it, so the reduction to compute first is 'sum'. It needs reduction 'mean'
+    (the default): with 'none' or 'sum' it raises, as a divisor that those do not have.
+    """
+    reduction = _checks.reduction(reduction)
+    if normalizer is None:
+        return reduction, None
+    _checks.normalizer_reduction(reduction)
+    if np.isscalar(normalizer):
+        return "sum", _checks.normalizer_number(normalizer)
+    array = _as_array(normalizer)
+    is_real = np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.integer)
+    _checks.normalizer_array(array.shape, is_real, array.dtype)
+    return "sum", _checks.normalizer_number(float(array))
+
+
+def _normalize(x, normalizer):
+    """`x`, a reduction='sum' loss or any of its gradients, divided by `normalizer` (a constant:
+    it takes no gradient); 0 with zero gradient for a zero normalizer, as a mean over nothing."""
+    if normalizer is None:
+        return x
+    if normalizer == 0.0:
+        return x * 0.0
+    return x / normalizer

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _checks
-from ._inputs import ArrayLike, _as_array
+from ._inputs import ArrayLike, _as_array, _normalize, _normalizer
 from .softmax import _softmax
 from .wrt import LinearSoftmaxWrt, _check_wrt, _needs_option
 
@@ -93,6 +93,7 @@ def linear_softmax_cross_entropy(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
     chunk_size: int | None = None,
 ) -> np.ndarray:
     """Softmax cross entropy of a linear layer's output, ``F.linear_cross_entropy`` semantics.
@@ -107,8 +108,9 @@ def linear_softmax_cross_entropy(
         ``torch_impl`` takes torch's (V, H)).
       targets: integer class indices of shape (...) (the hidden shape without H).
       bias: optional (V,) added to the logits.
-      weight, ignore_index, label_smoothing, reduction: as ``softmax_cross_entropy`` (class
-        weights; 'mean' divides by the summed weights of the kept targets, 0 when none is kept).
+      weight, ignore_index, label_smoothing, reduction, normalizer: as
+        ``softmax_cross_entropy`` (class weights; 'mean' divides by the summed weights of the
+        kept targets, 0 when none is kept, or by `normalizer` when given).
       chunk_size: rows per chunk in the backends (None: chosen from the shapes); accepted and
         checked here, where nothing is chunked.
 
@@ -124,6 +126,7 @@ def linear_softmax_cross_entropy(
       torch.nn.functional.linear_cross_entropy; Wijmans et al., "Cut Your Losses in
       Large-Vocabulary Language Models", https://arxiv.org/abs/2411.09009
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     loss, _ = _linear_softmax(
         hidden,
         linear_weight,
@@ -137,7 +140,7 @@ def linear_softmax_cross_entropy(
         reduction,
         chunk_size,
     )
-    return loss
+    return _normalize(loss, normalizer)
 
 
 def linear_softmax_cross_entropy_grad(
@@ -150,6 +153,7 @@ def linear_softmax_cross_entropy_grad(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
     chunk_size: int | None = None,
     wrt: LinearSoftmaxWrt = "hidden",
 ) -> np.ndarray:
@@ -162,6 +166,7 @@ def linear_softmax_cross_entropy_grad(
     Raises:
       ValueError: `wrt` is not one of the names above; 'bias' with `bias` None.
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     _, grads = _linear_softmax(
         hidden,
         linear_weight,
@@ -175,7 +180,9 @@ def linear_softmax_cross_entropy_grad(
         reduction,
         chunk_size,
     )
-    return _linear_grad(grads, wrt, LinearSoftmaxWrt, "linear_softmax_cross_entropy_grad")
+    return _normalize(
+        _linear_grad(grads, wrt, LinearSoftmaxWrt, "linear_softmax_cross_entropy_grad"), normalizer
+    )
 
 
 def linear_softmax_focal_loss(
@@ -189,6 +196,7 @@ def linear_softmax_focal_loss(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
     chunk_size: int | None = None,
 ) -> np.ndarray:
     """Softmax focal loss of a linear layer's output: ``softmax_focal_loss`` of
@@ -210,6 +218,7 @@ def linear_softmax_focal_loss(
     References:
       Lin et al., "Focal Loss for Dense Object Detection", https://arxiv.org/abs/1708.02002
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     loss, _ = _linear_softmax(
         hidden,
         linear_weight,
@@ -223,7 +232,7 @@ def linear_softmax_focal_loss(
         reduction,
         chunk_size,
     )
-    return loss
+    return _normalize(loss, normalizer)
 
 
 def linear_softmax_focal_loss_grad(
@@ -237,11 +246,13 @@ def linear_softmax_focal_loss_grad(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
     chunk_size: int | None = None,
     wrt: LinearSoftmaxWrt = "hidden",
 ) -> np.ndarray:
     """Gradient of ``linear_softmax_focal_loss`` w.r.t. `wrt`: G = ``softmax_focal_loss_grad``
     at the logits mapped through the linear layer, as ``linear_softmax_cross_entropy_grad``."""
+    reduction, normalizer = _normalizer(reduction, normalizer)
     _, grads = _linear_softmax(
         hidden,
         linear_weight,
@@ -255,4 +266,6 @@ def linear_softmax_focal_loss_grad(
         reduction,
         chunk_size,
     )
-    return _linear_grad(grads, wrt, LinearSoftmaxWrt, "linear_softmax_focal_loss_grad")
+    return _normalize(
+        _linear_grad(grads, wrt, LinearSoftmaxWrt, "linear_softmax_focal_loss_grad"), normalizer
+    )

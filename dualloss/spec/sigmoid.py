@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _checks
-from ._inputs import ArrayLike, _as_array, _reduce, _sigmoid_inputs
+from ._inputs import ArrayLike, _as_array, _normalize, _normalizer, _reduce, _sigmoid_inputs
 from .wrt import (
     SigmoidCrossEntropyWrt,
     SigmoidFocalLossWrt,
@@ -106,6 +106,7 @@ def sigmoid_cross_entropy(
     weight: ArrayLike | None = None,
     pos_weight: ArrayLike | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
 ) -> np.ndarray:
     """Sigmoid (binary) cross entropy with logits, torch semantics, computed in float64.
 
@@ -118,6 +119,7 @@ def sigmoid_cross_entropy(
       pos_weight: optional weight q of the positive term, broadcastable to the logits (torch:
         one entry per class along the last axis).
       reduction: 'none', 'sum', or 'mean' (over all elements; 0 for no elements).
+      normalizer: as ``softmax_cross_entropy``: 'mean' divides the sum by it instead.
 
     Returns:
       float64 array of the logits shape for 'none', a float64 scalar otherwise.
@@ -129,8 +131,9 @@ def sigmoid_cross_entropy(
     References:
       torch.nn.functional.binary_cross_entropy_with_logits
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     loss, _ = _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
-    return loss
+    return _normalize(loss, normalizer)
 
 
 def sigmoid_cross_entropy_grad(
@@ -140,6 +143,7 @@ def sigmoid_cross_entropy_grad(
     weight: ArrayLike | None = None,
     pos_weight: ArrayLike | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
     wrt: SigmoidCrossEntropyWrt = "logits",
 ) -> np.ndarray:
     """Gradient of ``sigmoid_cross_entropy`` (reduced as `reduction` says) w.r.t. `wrt`.
@@ -159,13 +163,15 @@ def sigmoid_cross_entropy_grad(
     Raises:
       ValueError: `wrt` is not one of the names above; 'weight' or 'pos_weight' left None.
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     _check_wrt(wrt, SigmoidCrossEntropyWrt, "sigmoid_cross_entropy_grad")
     if wrt != "logits":
-        return _sigmoid_cross_entropy_input_grad(
-            logits, targets, weight, pos_weight, reduction, wrt
+        return _normalize(
+            _sigmoid_cross_entropy_input_grad(logits, targets, weight, pos_weight, reduction, wrt),
+            normalizer,
         )
     _, grad = _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
-    return grad
+    return _normalize(grad, normalizer)
 
 
 def _sigmoid_focal_terms(x, t, alpha, gamma):
@@ -215,6 +221,7 @@ def sigmoid_focal_loss(
     gamma: float = 2.0,
     alpha: float | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
 ) -> np.ndarray:
     """Sigmoid focal loss, torchvision ``sigmoid_focal_loss`` semantics, computed in float64.
 
@@ -229,6 +236,7 @@ def sigmoid_focal_loss(
       alpha: None (no balancing) or torchvision's alpha, a number in [0, 1]. Note torchvision's
         default is 0.25; here it is None.
       reduction: 'none', 'sum', or 'mean' (over all elements; 0 for no elements).
+      normalizer: as ``softmax_cross_entropy``: 'mean' divides the sum by it instead.
 
     Returns:
       float64 array of the logits shape for 'none', a float64 scalar otherwise.
@@ -241,8 +249,9 @@ def sigmoid_focal_loss(
       Lin et al., "Focal Loss for Dense Object Detection", https://arxiv.org/abs/1708.02002;
       torchvision.ops.sigmoid_focal_loss
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     loss, _ = _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
-    return loss
+    return _normalize(loss, normalizer)
 
 
 def sigmoid_focal_loss_grad(
@@ -252,6 +261,7 @@ def sigmoid_focal_loss_grad(
     gamma: float = 2.0,
     alpha: float | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
     wrt: SigmoidFocalLossWrt = "logits",
 ) -> np.ndarray:
     """Gradient of ``sigmoid_focal_loss`` (reduced as `reduction` says) w.r.t. `wrt`.
@@ -273,11 +283,14 @@ def sigmoid_focal_loss_grad(
     Raises:
       ValueError: `wrt` is not one of the names above; 'alpha' with `alpha` None.
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     _check_wrt(wrt, SigmoidFocalLossWrt, "sigmoid_focal_loss_grad")
     if wrt != "logits":
-        return _sigmoid_focal_input_grad(logits, targets, gamma, alpha, reduction, wrt)
+        return _normalize(
+            _sigmoid_focal_input_grad(logits, targets, gamma, alpha, reduction, wrt), normalizer
+        )
     _, grad = _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
-    return grad
+    return _normalize(grad, normalizer)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import _checks
-from ._inputs import ArrayLike, _as_array, _reduce, _softmax_inputs
+from ._inputs import ArrayLike, _as_array, _normalize, _normalizer, _reduce, _softmax_inputs
 from .wrt import (
     SoftmaxCrossEntropyWrt,
     SoftmaxFocalLossWrt,
@@ -217,6 +217,7 @@ def softmax_cross_entropy(
     label_smoothing: float = 0.0,
     where: ArrayLike | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
 ) -> np.ndarray:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics, computed in float64.
 
@@ -241,6 +242,13 @@ def softmax_cross_entropy(
         weights of the kept targets for class indices, by the number of kept elements for
         probabilities, i.e. all of them unless `where` leaves one no class; 0 when nothing is
         kept).
+      normalizer: optional divisor that replaces the mean's: a number or a 0-d array >= 0,
+        typically the count of kept targets (or the sum of their weights) over the whole global
+        batch, every micro-batch and rank (``jax_impl.global_count``, ``torch_impl.global_count``).
+        The loss is then the reduction='sum' loss divided by it (0 for a normalizer of 0), so that
+        micro-batch losses summed give the one-batch mean exactly. A constant: it takes no
+        gradient. It needs reduction='mean' (the default); 'none' and 'sum' with a normalizer
+        raise.
 
     Returns:
       float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise.
@@ -253,10 +261,11 @@ def softmax_cross_entropy(
       torch.nn.functional.cross_entropy; Szegedy et al., "Rethinking the Inception Architecture"
       (label smoothing), https://arxiv.org/abs/1512.00567
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     loss, _ = _softmax(
         logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
     )
-    return loss
+    return _normalize(loss, normalizer)
 
 
 def softmax_cross_entropy_grad(
@@ -269,6 +278,7 @@ def softmax_cross_entropy_grad(
     label_smoothing: float = 0.0,
     where: ArrayLike | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
     wrt: SoftmaxCrossEntropyWrt = "logits",
 ) -> np.ndarray:
     """Gradient of ``softmax_cross_entropy`` (reduced as `reduction` says) w.r.t. `wrt`.
@@ -297,26 +307,30 @@ def softmax_cross_entropy_grad(
       ValueError: `wrt` is not one of the names above; 'targets' with class-index targets;
         'weight' with `weight` None.
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     _check_wrt(wrt, SoftmaxCrossEntropyWrt, "softmax_cross_entropy_grad")
     if wrt != "logits":
-        return _softmax_input_grad(
-            logits,
-            targets,
-            axis,
-            weight,
-            None,
-            0.0,
-            False,
-            ignore_index,
-            label_smoothing,
-            where,
-            reduction,
-            wrt,
+        return _normalize(
+            _softmax_input_grad(
+                logits,
+                targets,
+                axis,
+                weight,
+                None,
+                0.0,
+                False,
+                ignore_index,
+                label_smoothing,
+                where,
+                reduction,
+                wrt,
+            ),
+            normalizer,
         )
     _, grad = _softmax(
         logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
     )
-    return grad
+    return _normalize(grad, normalizer)
 
 
 def softmax_focal_loss(
@@ -330,6 +344,7 @@ def softmax_focal_loss(
     label_smoothing: float = 0.0,
     where: ArrayLike | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
 ) -> np.ndarray:
     """Softmax focal loss (Lin et al.), computed in float64.
 
@@ -344,6 +359,7 @@ def softmax_focal_loss(
       gamma: focusing parameter, a number >= 0 (0 and values below 1 included).
       alpha: None (no balancing), a number in [0, 1] for every class, or a length-C vector.
       reduction: 'none', 'sum', or 'mean' (over the kept elements; 0 when nothing is kept).
+      normalizer: as ``softmax_cross_entropy``: 'mean' divides the sum by it instead.
 
     Returns:
       float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise.
@@ -355,10 +371,11 @@ def softmax_focal_loss(
     References:
       Lin et al., "Focal Loss for Dense Object Detection", https://arxiv.org/abs/1708.02002
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     loss, _ = _softmax(
         logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
     )
-    return loss
+    return _normalize(loss, normalizer)
 
 
 def softmax_focal_loss_grad(
@@ -372,6 +389,7 @@ def softmax_focal_loss_grad(
     label_smoothing: float = 0.0,
     where: ArrayLike | None = None,
     reduction: str = "mean",
+    normalizer: ArrayLike | float | None = None,
     wrt: SoftmaxFocalLossWrt = "logits",
 ) -> np.ndarray:
     """Gradient of ``softmax_focal_loss`` (reduced as `reduction` says) w.r.t. `wrt`.
@@ -398,26 +416,30 @@ def softmax_focal_loss_grad(
       ValueError: `wrt` is not one of the names above; 'targets' with class-index targets;
         'alpha' with `alpha` None.
     """
+    reduction, normalizer = _normalizer(reduction, normalizer)
     _check_wrt(wrt, SoftmaxFocalLossWrt, "softmax_focal_loss_grad")
     if wrt != "logits":
-        return _softmax_input_grad(
-            logits,
-            targets,
-            axis,
-            None,
-            alpha,
-            gamma,
-            True,
-            ignore_index,
-            label_smoothing,
-            where,
-            reduction,
-            wrt,
+        return _normalize(
+            _softmax_input_grad(
+                logits,
+                targets,
+                axis,
+                None,
+                alpha,
+                gamma,
+                True,
+                ignore_index,
+                label_smoothing,
+                where,
+                reduction,
+                wrt,
+            ),
+            normalizer,
         )
     _, grad = _softmax(
         logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
     )
-    return grad
+    return _normalize(grad, normalizer)
 
 
 # ----------------------------------------------------------------------------------------------

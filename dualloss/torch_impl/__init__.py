@@ -89,6 +89,7 @@ from .dropins import (
     linear_cross_entropy,
 )
 from .linear import linear_softmax_cross_entropy, linear_softmax_focal_loss
+from .parallel import global_count
 from .sigmoid import sigmoid_cross_entropy, sigmoid_focal_loss
 from .softmax import softmax_cross_entropy, softmax_focal_loss
 
@@ -108,4 +109,5 @@ __all__ = [
     "SigmoidFocalLoss",
     "set_validate_indices",
     "kernels",
+    "global_count",
 ]

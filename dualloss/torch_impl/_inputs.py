@@ -391,3 +391,29 @@ def _reduce(loss, reduction, denominator):
         return total / denominator
     is_zero = denominator == 0.0
     return torch.where(is_zero, total * 0.0, total / torch.where(is_zero, 1.0, denominator))
+
+
+def _normalizer(reduction, normalizer):
+    """The checked `reduction` and `normalizer` (``spec._normalizer``): None, a float, or a 0-d
+    tensor that is never read on the host. The reduction stays 'mean': `normalizer` is the
+    mean's divisor (``_reduce``). A tensor that requires grad raises: the divisor is a constant,
+    and its gradient would otherwise be silently None."""
+    reduction = _checks.reduction(reduction)
+    if normalizer is None:
+        return reduction, None
+    _checks.normalizer_reduction(reduction)
+    if not isinstance(normalizer, Tensor):
+        return reduction, _checks.normalizer_number(normalizer)
+    is_real = normalizer.dtype != torch.bool and not normalizer.is_complex()
+    _checks.normalizer_array(normalizer.shape, is_real, _dtype_name(normalizer.dtype))
+    if normalizer.requires_grad:
+        raise ValueError(
+            "`normalizer` is a constant divisor and takes no gradient (pass normalizer.detach()). "
+            "Received: normalizer with requires_grad=True."
+        )
+    return reduction, normalizer
+
+
+def _mean_divisor(denominator, normalizer):
+    """The divisor of reduction 'mean': `normalizer` where given, else the mean's own."""
+    return denominator if normalizer is None else normalizer

@@ -21,6 +21,7 @@ from ._inputs import (
     _dtype_name,
     _gamma,
     _is_index,
+    _normalizer,
     _unit_interval,
     _values_are_concrete,
 )
@@ -269,11 +270,12 @@ def _linear_softmax(
     ignore_index,
     label_smoothing,
     reduction,
+    normalizer,
     chunk_size,
 ):
     """Validates the fused loss's arguments and applies ``_LinearSoftmax`` to the rows of
     `hidden` (``spec._linear_softmax``, without its (N, V) logits)."""
-    reduction = _checks.reduction(reduction)
+    reduction, normalizer = _normalizer(reduction, normalizer)
     hidden = _as_array("hidden", hidden)
     linear_weight = _as_array("linear_weight", linear_weight, hidden.device)
     targets = _as_array("targets", targets, hidden.device)
@@ -330,7 +332,12 @@ def _linear_softmax(
     y = y.long()
     h = hidden.reshape(-1, size)
     keep = y != ignore_index
-    if reduction == "mean":
+    if normalizer is not None:
+        # the given divisor of the mean (a constant), in the working precision
+        denominator = torch.as_tensor(normalizer, device=hidden.device).to(dtype)
+        is_zero = denominator == 0.0
+        row_scale = torch.where(is_zero, 0.0, 1.0 / torch.where(is_zero, 1.0, denominator))
+    elif reduction == "mean":
         if is_focal or class_weight is None:
             # plain mean over the kept rows
             denominator = keep.sum().to(dtype)
@@ -364,6 +371,7 @@ def linear_softmax_cross_entropy(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    normalizer: Tensor | float | None = None,
     chunk_size: int | None = None,
 ) -> Tensor:
     """Softmax cross entropy of ``F.linear(hidden, linear_weight, bias)`` without the (N, V)
@@ -388,6 +396,7 @@ def linear_softmax_cross_entropy(
         ignore_index,
         label_smoothing,
         reduction,
+        normalizer,
         chunk_size,
     )
 
@@ -403,6 +412,7 @@ def linear_softmax_focal_loss(
     ignore_index: int = -100,
     label_smoothing: float = 0.0,
     reduction: str = "mean",
+    normalizer: Tensor | float | None = None,
     chunk_size: int | None = None,
 ) -> Tensor:
     """Softmax focal loss of ``F.linear(hidden, linear_weight, bias)`` without the (N, V) logits
@@ -419,5 +429,6 @@ def linear_softmax_focal_loss(
         ignore_index,
         label_smoothing,
         reduction,
+        normalizer,
         chunk_size,
     )

@@ -29,6 +29,8 @@ from ._inputs import (
     _check_sigmoid_focal_targets,
     _compute_dtype,
     _gamma,
+    _mean_divisor,
+    _normalizer,
     _sigmoid_inputs,
     _unit_interval,
     _values_are_concrete,
@@ -219,10 +221,13 @@ def _sigmoid_loss(loss_or_grad, num_saved, reduce, *inputs):
 
 
 def _sigmoid_reduce(loss, reduction, count):
-    """`loss` from ``_SigmoidLoss``: per element ('none') or summed; 'mean' divides by `count`
-    (0 with zero gradient for no elements)."""
+    """`loss` from ``_SigmoidLoss``: per element ('none') or summed; 'mean' divides by `count`, a
+    number or a 0-d tensor (a normalizer, never read on the host); 0 with zero gradient for 0."""
     if reduction != "mean":
         return loss
+    if isinstance(count, Tensor):
+        is_zero = count == 0
+        return torch.where(is_zero, loss * 0.0, loss / torch.where(is_zero, 1, count))
     return loss * 0.0 if count == 0 else loss / count
 
 
@@ -273,10 +278,13 @@ class _SigmoidTriton(torch.autograd.Function):
         return grad, None, None, None, None, None, None, None
 
 
-def _sigmoid_takes_triton(logits, targets, *factors):
+def _sigmoid_takes_triton(logits, targets, normalizer, *factors):
     """Whether the Triton kernel computes this call (``torch_impl.kernels`` decides where): no
-    gradient asked of the targets or the factors, factors the kernel reads as they are."""
+    gradient asked of the targets or the factors, factors the kernel reads as they are; with a
+    normalizer float32/float64 only (half precision divides the eager float32 sum, one rounding)."""
     if targets.requires_grad or targets.shape != logits.shape:
+        return False
+    if normalizer is not None and logits.dtype not in (torch.float32, torch.float64):
         return False
     for f in factors:
         if f is not None and (f.requires_grad or not _kernels.factor_supported(f, logits.shape)):
@@ -284,8 +292,10 @@ def _sigmoid_takes_triton(logits, targets, *factors):
     return not _in_transform() and _kernels.use_triton(logits)
 
 
-def _sigmoid_triton(logits, targets, w, q, gamma, alpha, focal, reduction):
-    """The loss in the logits' dtype, computed and reduced by the kernels."""
+def _sigmoid_triton(logits, targets, w, q, gamma, alpha, focal, reduction, normalizer=None):
+    """The loss in the logits' dtype, computed and reduced by the kernels; with a `normalizer`
+    (float32/float64 only: its quotient is rounded once from the kernel's sum) the kernels'
+    sum divided by it."""
     global _TRITON
     if _TRITON is None:
         _TRITON = _kernels.sigmoid_ops()
@@ -295,6 +305,9 @@ def _sigmoid_triton(logits, targets, w, q, gamma, alpha, focal, reduction):
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
     w = None if w is None else w.to(acc)
     q = None if q is None else q.to(acc)
+    if normalizer is not None:
+        total = _SigmoidTriton.apply(x, t, w, q, float(gamma), alpha, focal, "sum")
+        return _sigmoid_reduce(total, reduction, normalizer)
     return _SigmoidTriton.apply(x, t, w, q, float(gamma), alpha, focal, reduction)
 
 
@@ -303,11 +316,11 @@ def _sigmoid_triton(logits, targets, w, q, gamma, alpha, focal, reduction):
 # ----------------------------------------------------------------------------------------------
 
 
-def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
-    reduction = _checks.reduction(reduction)
+def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction, normalizer):
+    reduction, normalizer = _normalizer(reduction, normalizer)
     logits, targets, w, q = _sigmoid_inputs(logits, targets, weight, pos_weight)
-    if _sigmoid_takes_triton(logits, targets, w, q):
-        return _sigmoid_triton(logits, targets, w, q, 0.0, None, False, reduction)
+    if _sigmoid_takes_triton(logits, targets, normalizer, w, q):
+        return _sigmoid_triton(logits, targets, w, q, 0.0, None, False, reduction, normalizer)
     # saves logits, targets, weight, pos_weight
     loss = _sigmoid_loss(
         _sigmoid_cross_entropy_or_grad, 4, reduction != "none", logits, targets, w, q
@@ -315,7 +328,8 @@ def _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction):
     if loss.shape != logits.shape and reduction == "none":
         # a weight broadcast over more than the logits' elements cannot occur (checked above)
         loss = loss.expand(logits.shape)
-    return _sigmoid_reduce(loss, reduction, logits.numel()).to(logits.dtype)
+    count = _mean_divisor(logits.numel(), normalizer)
+    return _sigmoid_reduce(loss, reduction, count).to(logits.dtype)
 
 
 def sigmoid_cross_entropy(
@@ -325,12 +339,13 @@ def sigmoid_cross_entropy(
     weight: Tensor | None = None,
     pos_weight: Tensor | None = None,
     reduction: str = "mean",
+    normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """Sigmoid cross entropy with logits, torch semantics (see ``spec.sigmoid_cross_entropy``).
 
     Result in the logits' dtype (half precision computed in float32), closed-form gradient.
     """
-    return _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction)
+    return _sigmoid_cross_entropy(logits, targets, weight, pos_weight, reduction, normalizer)
 
 
 def _sigmoid_focal_terms(x, t, alpha, gamma, grad_loss):
@@ -489,8 +504,8 @@ def _sigmoid_focal_targets_grad(logits, targets, gamma, alpha, grad_loss):
 _TARGETS_GRAD = {_sigmoid_focal_loss_or_grad: _sigmoid_focal_targets_grad}
 
 
-def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
-    reduction = _checks.reduction(reduction)
+def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction, normalizer):
+    reduction, normalizer = _normalizer(reduction, normalizer)
     gamma = _gamma(gamma)
     if isinstance(alpha, numbers.Real):
         alpha = _unit_interval("alpha", alpha)
@@ -499,13 +514,16 @@ def _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction):
     logits, targets, _, _ = _sigmoid_inputs(logits, targets, None, None)
     if _inputs._VALIDATE_INDICES and _values_are_concrete(targets):
         _check_sigmoid_focal_targets(targets)
-    if _sigmoid_takes_triton(logits, targets):
-        return _sigmoid_triton(logits, targets, None, None, gamma, alpha, True, reduction)
+    if _sigmoid_takes_triton(logits, targets, normalizer):
+        return _sigmoid_triton(
+            logits, targets, None, None, gamma, alpha, True, reduction, normalizer
+        )
     # saves logits, targets; gamma, alpha are options
     loss = _sigmoid_loss(
         _sigmoid_focal_loss_or_grad, 2, reduction != "none", logits, targets, gamma, alpha
     )
-    return _sigmoid_reduce(loss, reduction, logits.numel()).to(logits.dtype)
+    count = _mean_divisor(logits.numel(), normalizer)
+    return _sigmoid_reduce(loss, reduction, count).to(logits.dtype)
 
 
 def sigmoid_focal_loss(
@@ -515,10 +533,11 @@ def sigmoid_focal_loss(
     gamma: float = 2.0,
     alpha: float | None = None,
     reduction: str = "mean",
+    normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """Sigmoid focal loss, torchvision semantics (see ``spec.sigmoid_focal_loss``).
 
     Note torchvision's default alpha is 0.25; here (as in the spec) it is None. Result in the
     logits' dtype (half precision computed in float32), closed-form gradient.
     """
-    return _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction)
+    return _sigmoid_focal_loss(logits, targets, gamma, alpha, reduction, normalizer)

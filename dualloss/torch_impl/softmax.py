@@ -13,7 +13,6 @@ import math
 import torch
 from torch import Tensor
 
-from .. import _checks
 from . import _inputs, _kernels
 from ._autodiff import (
     _frees_saved_tensors,
@@ -24,6 +23,8 @@ from ._autodiff import (
 )
 from ._inputs import (
     _gamma,
+    _mean_divisor,
+    _normalizer,
     _reduce,
     _softmax_inputs,
     _softmax_keep,
@@ -552,8 +553,9 @@ def _softmax(
     label_smoothing,
     where,
     reduction,
+    normalizer,
 ):
-    reduction = _checks.reduction(reduction)
+    reduction, normalizer = _normalizer(reduction, normalizer)
     if is_focal:
         gamma = _gamma(gamma)
         weight, alpha = None, class_weight_arg
@@ -562,13 +564,19 @@ def _softmax(
     logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index = (
         _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where)
     )
-    if _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
+    # with a normalizer the kernel sums and the division follows: one rounding of the quotient
+    # needs the sum in at least the working precision, so half precision takes the eager path
+    exact_sum = normalizer is None or logits.dtype in (torch.float32, torch.float64)
+    if exact_sum and _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
         # the kernel's op reduces: torch's weighted mean for the weighted cross entropy, the
         # kept elements otherwise (0 kept: a mean of 0)
         weighted = not is_focal and class_weight is not None
+        kernel_reduction = "sum" if normalizer is not None else reduction
         loss = _softmax_triton(
-            logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction
+            logits, targets, class_weight, axis, gamma, ignore_index, weighted, kernel_reduction
         )
+        if normalizer is not None:
+            loss = _reduce(loss, reduction, normalizer).to(logits.dtype)
         return loss
     if _at_target(logits, class_weight, label_smoothing, is_index):
         loss = _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index)
@@ -576,7 +584,7 @@ def _softmax(
         loss = _softmax_focal_loss(
             logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing
         )
-    if reduction != "mean":
+    if reduction != "mean" or normalizer is not None:
         denominator = None
     else:
         valid = None if where is None else where.expand(logits.shape).movedim(axis, -1)
@@ -593,7 +601,7 @@ def _softmax(
             denominator = keep.sum()
         else:
             denominator = loss.numel()
-    loss = _reduce(loss, reduction, denominator)
+    loss = _reduce(loss, reduction, _mean_divisor(denominator, normalizer))
     return loss.to(logits.dtype)
 
 
@@ -612,15 +620,27 @@ def softmax_cross_entropy(
     label_smoothing: float = 0.0,
     where: Tensor | None = None,
     reduction: str = "mean",
+    normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics (``spec.softmax_cross_entropy``).
 
     Differs from the spec: class axis default 1 (torch layout); the result is a tensor in the
     logits' dtype (half precision computed in float32); the gradient is the spec's closed form.
-    A mean over no kept element is 0 (torch: NaN).
+    A mean over no kept element is 0 (torch: NaN). `normalizer` (a number or a 0-d tensor, never
+    read on the host; one that requires grad raises) replaces the mean's divisor, as in the spec.
     """
     return _softmax(
-        logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
+        logits,
+        targets,
+        axis,
+        weight,
+        0.0,
+        False,
+        ignore_index,
+        label_smoothing,
+        where,
+        reduction,
+        normalizer,
     )
 
 
@@ -635,6 +655,7 @@ def softmax_focal_loss(
     label_smoothing: float = 0.0,
     where: Tensor | None = None,
     reduction: str = "mean",
+    normalizer: Tensor | float | None = None,
 ) -> Tensor:
     """Softmax focal loss (see ``spec.softmax_focal_loss``), class axis default 1.
 
@@ -642,5 +663,15 @@ def softmax_focal_loss(
     bounded for every gamma >= 0.
     """
     return _softmax(
-        logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
+        logits,
+        targets,
+        axis,
+        alpha,
+        gamma,
+        True,
+        ignore_index,
+        label_smoothing,
+        where,
+        reduction,
+        normalizer,
     )
