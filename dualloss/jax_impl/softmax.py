@@ -184,7 +184,8 @@ def _shifted_sums(z, y):
     """For the class-index fast paths with targets y (class axis last): the shifted logits
     z - z_top, e_y = exp(z_y - z_top), s_y = sum_{j != y} exp(z_j - z_top) (the mass off the
     target), s = sum_{j != top} exp(z_j - z_top) = s_y + (e_y - 1), log1p(s) and 1 / (1 + s),
-    each of shape [...] (one per row).
+    each of shape [...] (one per row), and the scaled terms 2^k exp(z_j - z_top) (0 at the target),
+    which the gradient reads back instead of forming exp again.
 
     One pass over N x C (after the maximum): the sum of the other classes, without the target,
     which needs neither the argmax nor a conditional. Then 1 - p_y = s_y / (1 + s) for every row,
@@ -211,12 +212,13 @@ def _shifted_sums(z, y):
     is_y = jnp.arange(z.shape[-1]) == y[..., None]
     below = shifted < -shift
     e = jnp.exp(jnp.where(below, shifted + shift, shifted)) * jnp.where(below, 1.0, 2.0**power)
-    s_y = jnp.sum(jnp.where(is_y, 0.0, e), axis=-1) * 2.0**-power
+    e = jnp.where(is_y, 0.0, e)
+    s_y = jnp.sum(e, axis=-1) * 2.0**-power
     shifted_y = _at(shifted, y)
     e_y = jnp.exp(shifted_y)
     s = s_y + (e_y - 1.0)
     log1p_s = jnp.log1p(s)
-    return shifted, is_y, shifted_y, e_y, s_y, s, log1p_s, 1.0 / (1.0 + s)
+    return shifted, is_y, e, shifted_y, e_y, s_y, s, log1p_s, 1.0 / (1.0 + s)
 
 
 def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
@@ -233,7 +235,7 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
     where s_y < the smallest normal gives log(1 - p_y) = -inf: every term it enters is then
     O(s^(1 + gamma)), below the dtype's smallest normal, as in torch_impl.
     """
-    shifted, is_y, shifted_y, e_y, s_y, s, log1p_s, inverse = _shifted_sums(z, y)
+    shifted, is_y, e, shifted_y, e_y, s_y, s, log1p_s, inverse = _shifted_sums(z, y)
     log_p_y = shifted_y - log1p_s
     p_y = e_y * inverse
     # 1 - p_y, free of cancellation where p_y is close to 1
@@ -263,8 +265,9 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
         a_y * focal_weight * jnp.where(no_p, 0.0, log_p_y)
         + jnp.where(no_p & (a_y != 0.0), -jnp.inf, 0.0)
     )
-    # p_j = e_j / (1 + s), e_j formed again in the gradient's pass (not kept in memory)
-    p = jnp.exp(shifted) * inverse[..., None]
+    # p_j = e_j / (1 + s), read from the scaled terms of the sum (XLA:CPU writes them to memory
+    # for its reduction anyway): no second exp over N x C; 2^-k (1 + s)^-1 stays normal
+    p = e * (inverse * 2.0 ** -_unflush_power(z.dtype))[..., None]
     grad = jnp.where(keep[..., None], v[..., None] * jnp.where(is_y, -not_p_y[..., None], p), 0.0)
     return loss, grad
 
