@@ -6,10 +6,10 @@ Each world runs once (a module fixture, ``torch.multiprocessing.spawn``): every 
 every case on its slice (uneven sizes, one of a single class) and hands back its loss, its
 slice's gradient and the collectives it issued. Here the slices are put together and judged:
 
-* against the spec, to the strict standard (``dualloss.parity.tolerance.judge``), in float64 and
-  float32, with ignored rows, all rows ignored, confident rows (loss ~1e-26, which the log1p
-  form keeps), ties split over ranks, -inf classes (a whole rank's slice among them), class
-  weights and alpha, every reduction and a normalizer;
+* against the spec, to the strict standard (``dualloss.parity.tolerance.judge``), in float64,
+  float32 and bfloat16 (computed in float32), with ignored rows, all rows ignored, confident rows
+  (loss ~1e-26, which the log1p form keeps), ties split over ranks, -inf classes (a whole rank's
+  slice among them), class weights and alpha, every reduction and a normalizer;
 * against unsharded ``torch_impl`` on the same inputs, to the same per-entry tolerance;
 * by the collectives themselves: every ``all_gather``-like call (and broadcast, scatter,
   all_to_all) raises in the workers, and a forward + backward issues exactly three all-reduces:
@@ -51,7 +51,7 @@ REDUCTIONS = {
     "normalizer": {"reduction": "mean", "normalizer": 5.0},
 }
 ROWS = ("mixed", "all_ignored")
-DTYPES = ("float64", "float32")
+DTYPES = ("float64", "float32", "bfloat16")
 CASES = [
     (loss, reduction, rows, dtype)
     for loss in LOSSES
@@ -172,7 +172,11 @@ def _worker_cases(rank, world, results):
             name, local, torch.tensor(targets), _torch_options(options, dtype),
             process_group=dist.group.WORLD,
         )  # fmt: skip
-        results["cases"][case] = (value.detach().numpy(), local.grad.numpy(), list(calls))
+        results["cases"][case] = (
+            value.detach().double().numpy(),
+            local.grad.double().numpy(),
+            list(calls),
+        )
     _worker_dtensor(rank, world, results)
     _worker_errors(rank, world, results)
 
@@ -289,13 +293,20 @@ def _judge_against_spec_and_unsharded(case, value, grad, context):
     logits, targets = _inputs(rows)
     # the inputs the candidate saw: float32 rounding is exact in float64
     seen = torch.tensor(logits, dtype=dtype).double().numpy()
+    # and the class vectors it saw, rounded to its dtype like the logits
+    seen_options = {
+        key: torch.tensor(value, dtype=dtype).double().numpy()
+        if isinstance(value, np.ndarray)
+        else value
+        for key, value in options.items()
+    }
     assert grad.shape == seen.shape
-    judgement = judge(name, seen, targets, options, dtype_name, value, grad)
+    judgement = judge(name, seen, targets, seen_options, dtype_name, value, grad)
     problems = "; ".join(judgement.nonfinite + judgement.inaccurate)
     assert judgement.ok, f"{context} {case} against the spec [{dtype_name}]: {problems}"
     full = torch.tensor(logits, dtype=dtype, requires_grad=True)
     one = _call(name, full, torch.tensor(targets), _torch_options(options, dtype))
-    one_value, one_grad = one.detach().numpy(), full.grad.numpy()
+    one_value, one_grad = one.detach().double().numpy(), full.grad.double().numpy()
     # the same standard between the two: each entry within the strict tolerance of the other
     for what, ours, theirs, tolerance in (
         ("value", value, one_value, judgement.value_tolerance),
