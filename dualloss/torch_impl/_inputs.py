@@ -195,8 +195,14 @@ def _check_alpha_values(alpha: Tensor) -> None:
     _CHECKED_ALPHA[id(alpha)] = (weakref.ref(alpha), alpha._version)
 
 
-def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where):
+def _softmax_inputs(
+    logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where, num_classes=None
+):
     """Validates the softmax arguments (the checking half of ``spec._softmax_inputs``).
+
+    `num_classes`: the global class count where the logits hold a slice of the classes
+    (``process_group=``): the class indices and the `weight` / `alpha` vectors are checked
+    against it; None is the logits' own class count.
 
     Returns (logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index):
     tensors on the logits' device, `where` a class mask (a batch-shape mask gets the class axis
@@ -211,7 +217,8 @@ def _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_sm
     targets = _autocast_float32(_as_array("targets", targets, logits.device), device_type)
     _checks.float_logits("logits", logits.is_floating_point(), _dtype_name(logits.dtype))
     axis = _checks.class_axis(axis, logits.ndim)
-    num_classes = logits.shape[axis]
+    if num_classes is None:
+        num_classes = logits.shape[axis]
     if _is_index(targets):
         kind = "index"
     elif targets.is_floating_point():

@@ -1,9 +1,17 @@
-"""Past one device (DESIGN 12), torch: the global count that ``normalizer=`` divides by.
+"""Past one device (DESIGN 12), torch: the global count that ``normalizer=`` divides by, and the
+process-group side of the vocab-parallel softmax losses.
 
 ``global_count`` counts the kept class-index targets (or sums their class weights) of this rank's
 batch and adds the other ranks' with one ``torch.distributed.all_reduce``: passed as
 ``normalizer=`` to every micro-batch on every rank, the summed gradients equal the gradient of the
-one-big-batch mean. Imports ``_inputs`` only; the losses do not import this module.
+one-big-batch mean.
+
+``process_group=`` on the softmax losses: ``_process_group`` checks the argument,
+``_from_dtensor`` takes a DTensor sharded on the class axis apart into its local slice and its
+mesh's group, ``_class_slice`` finds where this rank's slice starts and how many classes there are
+in all (one all-reduce of one number per rank). The loss itself, with its per-row collectives,
+lives in ``softmax`` (``_VocabParallel``). Imports ``_inputs`` only; ``softmax`` imports this
+module.
 """
 
 from __future__ import annotations
@@ -65,3 +73,88 @@ def global_count(
         # the kept targets of every rank: one all-reduce of one scalar per step
         dist.all_reduce(total, op=dist.ReduceOp.SUM, group=process_group)
     return total
+
+
+# ----------------------------------------------------------------------------------------------
+# Vocab-parallel softmax losses: the process group and this rank's slice of the classes
+# ----------------------------------------------------------------------------------------------
+
+
+def _process_group(process_group):
+    """The checked `process_group`: a ``torch.distributed.ProcessGroup`` of an initialised
+    ``torch.distributed`` (``dist.group.WORLD`` is one)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "`process_group` needs torch.distributed to be initialised "
+            "(torch.distributed.init_process_group). "
+            f"Received: process_group={process_group!r}."
+        )
+    if not isinstance(process_group, dist.ProcessGroup):
+        raise TypeError(
+            "`process_group` must be a torch.distributed.ProcessGroup (the ranks that hold the "
+            "slices of the classes). "
+            f"Received: process_group of type {type(process_group).__name__}."
+        )
+    return process_group
+
+
+def _is_dtensor(x) -> bool:
+    """Whether `x` is a DTensor (without importing torch.distributed.tensor where it is unused)."""
+    return type(x).__name__ == "DTensor" and hasattr(x, "device_mesh") and hasattr(x, "to_local")
+
+
+def _from_dtensor(logits, targets, axis, process_group):
+    """A DTensor `logits` sharded on the class axis of a one-dimensional mesh, as
+    ``loss_parallel`` takes it: (local logits, plain targets, the mesh's group, the mesh).
+    `targets` may be a plain tensor or a replicated DTensor (its local tensor is the whole)."""
+    from torch.distributed.tensor import Replicate, Shard
+
+    mesh = logits.device_mesh
+    placements = tuple(logits.placements)
+    class_axis = _checks.class_axis(axis, logits.ndim)
+    if process_group is not None:
+        raise ValueError(
+            "`process_group` must be None when `logits` is a DTensor (its device mesh names the "
+            f"group). Received: process_group={process_group!r}."
+        )
+    if mesh.ndim != 1 or placements != (Shard(class_axis),):
+        raise ValueError(
+            "`logits` as a DTensor must be sharded on the class axis of a one-dimensional mesh "
+            f"(placements (Shard({class_axis}),)). Received: placements={placements}, mesh of "
+            f"{mesh.ndim} dimensions."
+        )
+    if _is_dtensor(targets):
+        if tuple(targets.placements) != (Replicate(),):
+            raise ValueError(
+                "`targets` as a DTensor must be replicated (global class indices on every rank). "
+                f"Received: placements={tuple(targets.placements)}."
+            )
+        targets = targets.to_local()
+    return logits.to_local(), targets, mesh.get_group(), mesh
+
+
+def _to_dtensor(loss, mesh):
+    """The loss (the same on every rank) as a replicated DTensor on `mesh`, as ``loss_parallel``
+    returns it; its gradient flows back to the local slice unchanged."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return DTensor.from_local(loss, mesh, [Replicate()], run_check=False)
+
+
+def _class_slice(num_local: int, group, device) -> tuple[int, int]:
+    """(start, num_classes): the global index of this rank's first class and the classes of all
+    ranks, the slices contiguous in rank order, none empty. Read on the host (one small
+    synchronisation on an accelerator)."""
+    rank = dist.get_rank(group)
+    sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    sizes[rank] = num_local
+    # every rank's slice size, each at its rank (no all_gather: one sum of a vector per call)
+    dist.all_reduce(sizes, op=dist.ReduceOp.SUM, group=group)
+    sizes = sizes.tolist()
+    if 0 in sizes:
+        # raised on every rank alike (each has read the sizes): none waits on a collective
+        raise ValueError(
+            "`logits` must hold at least one class on every rank of `process_group`. "
+            f"Received: class slices of sizes {sizes}."
+        )
+    return sum(sizes[:rank]), sum(sizes)

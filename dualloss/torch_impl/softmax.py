@@ -11,8 +11,11 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
+from .. import _checks
 from . import _inputs, _kernels
 from ._autodiff import (
     _frees_saved_tensors,
@@ -22,6 +25,7 @@ from ._autodiff import (
     _with_closed_form_grad,
 )
 from ._inputs import (
+    _compute_dtype,
     _gamma,
     _mean_divisor,
     _normalizer,
@@ -31,6 +35,7 @@ from ._inputs import (
     _softmax_targets,
     _values_are_concrete,
 )
+from .parallel import _class_slice, _from_dtensor, _is_dtensor, _process_group, _to_dtensor
 
 # ----------------------------------------------------------------------------------------------
 # Softmax core
@@ -538,6 +543,140 @@ def _softmax_triton(logits, targets, class_weight, axis, gamma, ignore_index, we
 
 
 # ----------------------------------------------------------------------------------------------
+# Vocab-parallel (DESIGN 12): the class axis split over a process group
+# ----------------------------------------------------------------------------------------------
+
+
+class _VocabParallel(torch.autograd.Function):
+    """The fast path's loss where each rank holds a contiguous slice of the classes.
+
+    forward(z, y, a_y, keep, gamma, start, group): z the class-last local logits [..., C_r] in
+    the compute dtype, y the global target indices [..., 1] (ignored rows at 0), a_y [..., 1]
+    the target mass (None: 1), keep [...] or None, `start` this rank's first global class.
+    Three per-row numbers cross ranks, in two all-reduces: the largest logit z_top (MAX), then
+    (SUM) the target's shifted logit t = z_y - z_top from the rank that owns y (0 elsewhere) and
+    s = sum_{j != y} exp(z_j - z_top). The row's normaliser is exp(t) + s and, as on one device,
+
+      log p_y = t - log(exp(t) + s) = t - log1p(expm1(t) + s),
+
+    which is -log1p(s) at a top target (t = 0): a confident row keeps its tiny loss. At a top
+    target s is the spec's s (the others' share over the top's), so ``_log_not_p`` and
+    ``_focal_phi`` take it as they are; elsewhere p_y <= 1/2 and 1 - p_y needs no care.
+
+    Backward is local: p_j = exp(z_j - z_top) / (exp(t) + s) from the saved logits and per-row
+    numbers, the gradient p_j v off the target and -(1 - p_y) v at it (owned rows only), as
+    ``_softmax_focal_terms_sparse``. Not twice differentiable (the collectives are outside the
+    graph).
+    """
+
+    @staticmethod
+    def forward(ctx, z, y, a_y, keep, gamma, start, group):
+        num_local = z.shape[-1]
+        local_y = y - start
+        owns = (local_y >= 0) & (local_y < num_local)
+        local_y = torch.where(owns, local_y, 0)
+        z_top = z.amax(dim=-1, keepdim=True)
+        # the row's largest logit over every rank: exp(z - z_top) cannot overflow
+        dist.all_reduce(z_top, op=dist.ReduceOp.MAX, group=group)
+        shifted = z - z_top
+        exp_shifted = torch.exp(shifted)
+        shifted_y = torch.where(owns, shifted.gather(-1, local_y), 0.0)
+        # the target's own term left out of s, on the rank that owns it (no 1 + s - 1 rounding)
+        exp_y = torch.where(owns, 0.0, exp_shifted.gather(-1, local_y))
+        s = exp_shifted.scatter(-1, local_y, exp_y).sum(dim=-1, keepdim=True)
+        stats = torch.cat([shifted_y, s], dim=-1)
+        # t = z_y - z_top from the rank that owns the target (the others add 0) and s, the sum of
+        # the other classes' exponentials over every rank (a NaN logit anywhere makes s NaN)
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+        t, s = stats[..., :1], stats[..., 1:]
+        is_top = t == 0.0
+        # log(exp(t) + s) = log1p(expm1(t) + s): log1p(s) at a top target
+        log1p_s = torch.log1p(torch.expm1(t) + s)
+        log_p = t - log1p_s
+        # exp(t) / (exp(t) + s): within ~1 ULP (exp(log p) would not be)
+        normaliser = torch.exp(t) + s
+        p = torch.exp(t) / normaliser
+        # 1 - p_top = s / (1 + s), never formed as 1 - p
+        not_p = torch.where(is_top, s / normaliser, 1.0 - p)
+        if gamma == 0.0:
+            # (1 - p)^0 = 1, also at p = 1
+            focal_weight = None
+            v = torch.ones_like(p) if a_y is None else a_y
+        else:
+            tiny = torch.finfo(z.dtype).tiny
+            is_normal = s >= tiny
+            log_s = torch.where(is_normal, torch.log(torch.where(is_normal, s, 1.0)), -math.inf)
+            log_not_p = _log_not_p(p, is_top, s, log_s, log1p_s)
+            # (1 - p)^gamma = exp(gamma log(1 - p))
+            focal_weight = torch.exp(gamma * log_not_p)
+            phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
+            v = (1.0 - gamma * phi) * focal_weight
+            v = v if a_y is None else a_y * v
+        if a_y is None:
+            loss = -log_p if focal_weight is None else -(focal_weight * log_p)
+        else:
+            weighted = a_y if focal_weight is None else a_y * focal_weight
+            # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
+            zero = (a_y == 0.0) & (log_p == -math.inf)
+            loss = -(weighted * torch.where(zero, 0.0, log_p))
+        loss = loss.squeeze(-1)
+        if keep is not None:
+            # ignored elements give 0, whatever their logits
+            loss = torch.where(keep, loss, 0.0)
+        ctx.save_for_backward(z, z_top, normaliser, not_p, v, local_y, owns, keep)
+        return loss
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss):
+        z, z_top, normaliser, not_p, v, local_y, owns, keep = ctx.saved_tensors
+        coefficient = grad_loss.unsqueeze(-1) * v
+        # p_j = exp(z_j - z_top) / (exp(t) + s), from this rank's logits and the row's numbers
+        grad = torch.exp(z - z_top) / normaliser * coefficient
+        at_y = torch.where(owns, -not_p * coefficient, grad.gather(-1, local_y))
+        grad = grad.scatter(-1, local_y, at_y)
+        if keep is not None:
+            # ignored elements get no gradient, whatever their logits
+            grad = torch.where(keep.unsqueeze(-1), grad, 0.0)
+        return grad, None, None, None, None, None, None
+
+
+def _softmax_vocab_parallel(
+    logits, targets, class_weight, axis, gamma, ignore_index, label_smoothing, where, is_index,
+    start, group,
+):  # fmt: skip
+    """The per-element loss of class-sharded `logits` (this rank's slice, whose first class is
+    `start`) through ``_VocabParallel``; `targets` global class indices, `class_weight` the
+    global vector. What needs more than three numbers per row is refused."""
+    if not is_index:
+        raise ValueError(
+            "`targets` must be class indices when the classes are split over `process_group` "
+            "(probability targets would need every class's target mass on every rank). "
+            f"Received: targets of dtype {str(targets.dtype).removeprefix('torch.')}."
+        )
+    if label_smoothing != 0.0:
+        raise ValueError(
+            "`label_smoothing` is not supported with `process_group` (yet): pass 0.0. "
+            f"Received: label_smoothing={label_smoothing!r}."
+        )
+    if where is not None:
+        raise ValueError(
+            "`where` is not supported with `process_group`: set the masked classes' logits to "
+            "-inf instead (the same loss). Received: a `where` mask."
+        )
+    z = logits.movedim(axis, -1).to(_compute_dtype(logits.dtype))
+    keep = _softmax_keep(targets, None, ignore_index, True)
+    y = (targets if keep is None else torch.where(keep, targets, 0)).unsqueeze(-1)
+    if class_weight is None:
+        a_y = None if keep is None else keep.to(z.dtype).unsqueeze(-1)
+    elif keep is None:
+        a_y = class_weight[y]
+    else:
+        a_y = torch.where(keep.unsqueeze(-1), class_weight[y], 0.0)
+    return _VocabParallel.apply(z, y, a_y, keep, gamma, start, group)
+
+
+# ----------------------------------------------------------------------------------------------
 # Reductions
 # ----------------------------------------------------------------------------------------------
 
@@ -554,6 +693,7 @@ def _softmax(
     where,
     reduction,
     normalizer,
+    process_group,
 ):
     reduction, normalizer = _normalizer(reduction, normalizer)
     if is_focal:
@@ -561,9 +701,30 @@ def _softmax(
         weight, alpha = None, class_weight_arg
     else:
         weight, alpha = class_weight_arg, None
+    mesh = start = num_classes = None
+    if _is_dtensor(logits):
+        # loss_parallel's input: this rank's slice of the classes, the mesh's group
+        logits, targets, process_group, mesh = _from_dtensor(logits, targets, axis, process_group)
+    if process_group is not None:
+        process_group = _process_group(process_group)
+        local = _inputs._as_array("logits", logits)
+        num_local = local.shape[_checks.class_axis(axis, local.ndim)]
+        start, num_classes = _class_slice(num_local, process_group, local.device)
     logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index = (
-        _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where)
+        _softmax_inputs(
+            logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where, num_classes
+        )
     )
+    if process_group is not None:
+        loss = _softmax_vocab_parallel(
+            logits, targets, class_weight, axis, gamma, ignore_index, label_smoothing, where,
+            is_index, start, process_group,
+        )  # fmt: skip
+        loss = _softmax_reduce(
+            loss, logits, targets, where, class_weight, axis, ignore_index, is_index, is_focal,
+            reduction, normalizer,
+        )  # fmt: skip
+        return loss if mesh is None else _to_dtensor(loss, mesh)
     # with a normalizer the kernel sums and the division follows: one rounding of the quotient
     # needs the sum in at least the working precision, so half precision takes the eager path
     exact_sum = normalizer is None or logits.dtype in (torch.float32, torch.float64)
@@ -584,6 +745,18 @@ def _softmax(
         loss = _softmax_focal_loss(
             logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing
         )
+    return _softmax_reduce(
+        loss, logits, targets, where, class_weight, axis, ignore_index, is_index, is_focal,
+        reduction, normalizer,
+    )  # fmt: skip
+
+
+def _softmax_reduce(
+    loss, logits, targets, where, class_weight, axis, ignore_index, is_index, is_focal, reduction,
+    normalizer,
+):  # fmt: skip
+    """`reduction` of the per-element losses, in the logits' dtype: torch's weighted mean for
+    the weighted cross entropy, the kept elements' mean otherwise, or sum / `normalizer`."""
     if reduction != "mean" or normalizer is not None:
         denominator = None
     else:
@@ -621,6 +794,7 @@ def softmax_cross_entropy(
     where: Tensor | None = None,
     reduction: str = "mean",
     normalizer: Tensor | float | None = None,
+    process_group: dist.ProcessGroup | None = None,
 ) -> Tensor:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics (``spec.softmax_cross_entropy``).
 
@@ -628,6 +802,16 @@ def softmax_cross_entropy(
     logits' dtype (half precision computed in float32); the gradient is the spec's closed form.
     A mean over no kept element is 0 (torch: NaN). `normalizer` (a number or a 0-d tensor, never
     read on the host; one that requires grad raises) replaces the mean's divisor, as in the spec.
+
+    Vocab-parallel (DESIGN 12, docs/scaling.md): with `process_group`, `logits` is this rank's
+    slice of the classes (contiguous, in rank order, sizes may differ) and `targets` are global
+    class indices; `weight` is the global vector (length: all ranks' classes). Per row, three
+    numbers cross ranks (two ``all_reduce`` calls: the max, then the target's logit and the sum of
+    exponentials); no row is gathered, and backward communicates nothing. Every rank gets the
+    same loss and its slice's gradient. A DTensor `logits` sharded on the class axis of a 1-D
+    mesh works without `process_group`, as ``loss_parallel`` does (the loss a replicated
+    DTensor). Class-index targets only; no `label_smoothing`, no `where` (use -inf logits), not
+    twice differentiable.
     """
     return _softmax(
         logits,
@@ -641,6 +825,7 @@ def softmax_cross_entropy(
         where,
         reduction,
         normalizer,
+        process_group,
     )
 
 
@@ -656,11 +841,13 @@ def softmax_focal_loss(
     where: Tensor | None = None,
     reduction: str = "mean",
     normalizer: Tensor | float | None = None,
+    process_group: dist.ProcessGroup | None = None,
 ) -> Tensor:
     """Softmax focal loss (see ``spec.softmax_focal_loss``), class axis default 1.
 
     Result in the logits' dtype (half precision computed in float32), closed-form gradient,
-    bounded for every gamma >= 0.
+    bounded for every gamma >= 0. `process_group` (class-sharded logits, global targets, the
+    global `alpha` vector): as in ``softmax_cross_entropy``, the same three numbers per row.
     """
     return _softmax(
         logits,
@@ -674,4 +861,5 @@ def softmax_focal_loss(
         where,
         reduction,
         normalizer,
+        process_group,
     )
