@@ -17,6 +17,12 @@ from dualloss import losses
 CANONICAL = list(losses.ALL_NAMES)
 # the class axis default is the one intended difference: torch layout (N, C, ...)
 AXIS_DEFAULT = {"spec": -1, "jax_impl": -1, "torch_impl": 1}
+# keywords only a backend has, last and None by default, and why: the class axis split over a
+# mesh axis inside jax.shard_map (DESIGN 12; a single-device spec has no mesh)
+BACKEND_KEYWORDS = {
+    "jax_impl": {"softmax_cross_entropy": ("axis_name",), "softmax_focal_loss": ("axis_name",)},
+    "torch_impl": {},
+}
 
 
 def _keyword_only(module_name, name):
@@ -34,6 +40,9 @@ def test_backends_mirror_the_spec_signature(name, module_name):
     spec_positional, spec_keywords = _keyword_only("spec", name)
     positional, keywords = _keyword_only(module_name, name)
     assert positional == spec_positional == list(losses.get(name).inputs)
+    extra = BACKEND_KEYWORDS[module_name].get(name, ())
+    assert list(keywords)[len(keywords) - len(extra) :] == list(extra), f"{module_name}.{name}"
+    assert all(keywords.pop(keyword) is None for keyword in extra)
     assert list(keywords) == list(spec_keywords), f"{module_name}.{name} keyword arguments"
     for keyword, default in spec_keywords.items():
         if keyword == "axis":
@@ -114,6 +123,12 @@ BACKEND_EXTRAS = {
         # `normalizer`: the mean's divisor given (the backends divide before the dtype cast),
         # applied to the sigmoid losses' weights (each term divided before summing)
         "_mean_divisor", "_sigmoid_divide",
+        # the class axis split over a mesh axis (`axis_name=`, DESIGN 12): the slice's place in
+        # the row and the argument handling, the custom_jvp adapter whose tangent psums the
+        # slices, and the softmax terms with the row sums reduced over the slices
+        "_class_shard", "_sharded_softmax_inputs", "_with_sharded_grad",
+        "_sharded_top", "_sharded_log_softmax", "_sharded_sum_except_self",
+        "_sharded_focal_terms", "_sharded_softmax",
     },
     "torch_impl": {
         # dtypes, index validation and functorch
