@@ -17,12 +17,14 @@ from dualloss import losses
 CANONICAL = list(losses.ALL_NAMES)
 # the class axis default is the one intended difference: torch layout (N, C, ...)
 AXIS_DEFAULT = {"spec": -1, "jax_impl": -1, "torch_impl": 1}
-# keywords a backend has after the spec's, and why (default None: the single-device loss)
+# keywords a backend has after the spec's, last and None by default, and why (DESIGN 12: the class
+# axis split over devices; a single-device spec has neither): torch_impl names the process group
+# (vocab-parallel, issue 29 item 2), jax_impl the mesh axis inside jax.shard_map (issue 29 item 1)
 BACKEND_KEYWORDS = {
-    # vocab-parallel (DESIGN 12): the group the class axis is split over; the spec runs on one
-    # device, jax_impl names a mesh axis instead (`axis_name`, issue 29 item 1)
     ("torch_impl", "softmax_cross_entropy"): ["process_group"],
     ("torch_impl", "softmax_focal_loss"): ["process_group"],
+    ("jax_impl", "softmax_cross_entropy"): ["axis_name"],
+    ("jax_impl", "softmax_focal_loss"): ["axis_name"],
 }
 
 
@@ -123,6 +125,12 @@ BACKEND_EXTRAS = {
         # `normalizer`: the mean's divisor given (the backends divide before the dtype cast),
         # applied to the sigmoid losses' weights (each term divided before summing)
         "_mean_divisor", "_sigmoid_divide",
+        # the class axis split over a mesh axis (`axis_name=`, DESIGN 12): the slice's place in
+        # the row and the argument handling, the custom_jvp adapter whose tangent psums the
+        # slices, and the softmax terms with the row sums reduced over the slices
+        "_class_shard", "_sharded_softmax_inputs", "_with_sharded_grad",
+        "_sharded_top", "_sharded_log_softmax", "_sharded_sum_except_self",
+        "_sharded_focal_terms", "_sharded_softmax",
     },
     "torch_impl": {
         # dtypes, index validation and functorch

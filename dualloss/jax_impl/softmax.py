@@ -3,13 +3,16 @@ optax's ``softmax_cross_entropy_with_integer_labels`` (the same function as in `
 
 Sections as in ``spec.softmax``: the core (the spec's ``_log_softmax``, ``_focal_phi`` and terms,
 and the gather path for class-index targets), the reductions, the public functions. The math
-lives in ``dualloss.spec.softmax``. May import ``_inputs`` and ``_autodiff``; never ``linear``,
-``sigmoid`` or ``dualloss.optax``.
+lives in ``dualloss.spec.softmax``. A last section holds the same terms for logits whose class
+axis is split over a mesh axis (``axis_name=``, DESIGN 12). May import ``_inputs``, ``_autodiff``
+and ``parallel`` (argument handling and the ``custom_jvp`` adapter past one device); never
+``linear``, ``sigmoid`` or ``dualloss.optax``.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +33,7 @@ from ._inputs import (
     _scalar_option,
     _softmax_inputs,
 )
+from .parallel import _sharded_softmax_inputs, _with_sharded_grad
 
 # ----------------------------------------------------------------------------------------------
 # Softmax core
@@ -364,6 +368,160 @@ def _softmax(
 
 
 # ----------------------------------------------------------------------------------------------
+# The class axis split over a mesh axis (DESIGN 12, ``axis_name=``)
+# ----------------------------------------------------------------------------------------------
+
+
+def _sharded_top(x, offset, axis_name):
+    """The row's largest entry over every slice of the classes along `axis_name`, and where it is
+    (the first such class of the row, as argmax; none for a NaN row): two scalars per row."""
+    local_top = jnp.max(x, axis=-1, keepdims=True)
+    # the row's largest entry: the largest of the slices' (one pmax per row)
+    top = jax.lax.pmax(local_top, axis_name)
+    # its first class in the row: the smallest of the slices that hold it (one pmin per row)
+    first = offset + jnp.argmax(x, axis=-1, keepdims=True)
+    none = jnp.iinfo(first.dtype).max
+    top_class = jax.lax.pmin(jnp.where(local_top == top, first, none), axis_name)
+    return top, offset + jnp.arange(x.shape[-1]) == top_class
+
+
+def _sharded_log_softmax(z, offset, axis_name):
+    """``_log_softmax`` on this device's slice of the classes: the same seven results, for the
+    local classes, from three scalars per row reduced over the slices (the largest logit, where
+    it is, and s = the sum of exp(z_j - z_top) off the top). s is summed as in ``_shifted_sums``
+    (times 2^k, so no term that matters is flushed), and log s is log of that sum minus k ln 2:
+    exact where s itself would underflow (the single-device path takes the runner-up there)."""
+    # the shift (a constant: every result is invariant to it) and the top class, over the slices
+    z_top, is_top = _sharded_top(jax.lax.stop_gradient(z), offset, axis_name)
+    # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
+    z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
+    shifted = z - z_top
+    power = _unflush_power(z.dtype)
+    shift = float(np.asarray(power * math.log(2.0), jnp.dtype(z.dtype)))
+    below = -shift > shifted
+    # the terms times 2^k: exactly above 2^-k, through the exp's (exact) argument below
+    e = jnp.where(below, 1.0, 2.0**power) * jnp.exp(jnp.where(below, shifted + shift, shifted))
+    # the sum of exponentials off the top, times 2^k: this slice's, then the row's (one psum)
+    scaled_s = jnp.sum(jnp.where(is_top, 0.0, e), axis=-1, keepdims=True)
+    scaled_s = jax.lax.psum(scaled_s, axis_name)
+    s = scaled_s * 2.0**-power
+    has_others = scaled_s > 0.0
+    log1p_s = jnp.log1p(s)
+    log_s = jnp.where(has_others, jnp.log(jnp.where(has_others, scaled_s, 1.0)) - shift, -jnp.inf)
+    log_p = shifted - log1p_s
+    # p = exp(z - z_top) / (1 + s), from the scaled terms (no second exp; 2^-k is exact)
+    p = e / (1.0 + s) * 2.0**-power
+    # 1 - p_top = s / (1 + s), never formed as 1 - p
+    not_p = jnp.where(is_top, s / (1.0 + s), 1.0 - p)
+    # log s - log1p(s) at a top with s < 1; log(1 - p) elsewhere (as ``_log_softmax``)
+    from_s = is_top & (s < 1.0)
+    log_not_p = jnp.where(from_s, log_s - log1p_s, _log1m(jnp.where(from_s, 0.0, p)))
+    return log_p, log_not_p, p, not_p, is_top, s, log1p_s
+
+
+def _sharded_sum_except_self(v, offset, axis_name):
+    """``_sum_except_self`` over the classes of every slice: the row's total and, at its largest
+    entry, the sum of the others (no cancellation), each one psum per row."""
+    # the row's total: this slice's, then every slice's (one psum per row)
+    total = jax.lax.psum(jnp.sum(v, axis=-1, keepdims=True), axis_name)
+    _, is_big = _sharded_top(v, offset, axis_name)
+    # the row's total less its largest entry, summed without it (one psum per row)
+    rest_of_big = jnp.sum(jnp.where(is_big, 0.0, v), axis=-1, keepdims=True)
+    rest_of_big = jax.lax.psum(rest_of_big, axis_name)
+    return jnp.where(is_big, rest_of_big, total - v)
+
+
+def _sharded_focal_terms(z, a, gamma, axis_name):
+    """``_softmax_focal_terms`` on this device's slice of the classes: the row's loss (the same on
+    every device of `axis_name`) and the local slice of its closed-form gradient. Every per-class
+    quantity is local; the row sums are one psum each."""
+    offset = jax.lax.axis_index(axis_name) * z.shape[-1]
+    log_p, log_not_p, p, not_p, is_top, s, log1p_s = _sharded_log_softmax(z, offset, axis_name)
+    if _is_static(gamma) and gamma == 0.0:
+        # (1 - p)^0 = 1, also at p = 1
+        focal_weight = jnp.ones_like(log_p)
+        v = a
+    else:
+        # (1 - p)^gamma = exp(gamma log(1 - p)); a traced gamma = 0 gives exactly 1 too
+        focal_weight = _power(log_not_p, gamma)
+        phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
+        v = a * focal_weight * (1.0 - gamma * phi)
+    # 0 log 0 = 0: a class with no target mass contributes nothing (as ``_softmax_focal_terms``)
+    no_p = log_p == -jnp.inf
+    local = -jnp.sum(
+        a * focal_weight * jnp.where(no_p, 0.0, log_p)
+        + jnp.where(no_p & (a != 0.0), -jnp.inf, 0.0),
+        axis=-1,
+    )
+    # the row's loss: this slice's classes, then every slice's (one psum per row)
+    loss = jax.lax.psum(local, axis_name)
+    grad = p * _sharded_sum_except_self(v, offset, axis_name) - not_p * v
+    return loss, grad
+
+
+_sharded_focal_loss = _with_sharded_grad(_sharded_focal_terms, 2)
+
+
+# a traced gamma is a differentiable argument (its tangent: autodiff of the forward formula)
+_sharded_focal_loss_traced = _with_sharded_grad(_sharded_focal_terms, 1)
+
+
+def _sharded_softmax(
+    logits,
+    targets,
+    axis,
+    class_weight_arg,
+    gamma,
+    is_focal,
+    ignore_index,
+    label_smoothing,
+    where,
+    reduction,
+    normalizer,
+    axis_name,
+):
+    """``_softmax`` for logits that hold this device's slice of the classes along the mesh axis
+    `axis_name` (inside ``shard_map``); the batch reductions are over this device's rows (a
+    batch split over another axis: pass ``global_count(..., axis_name=data_axis)`` as
+    `normalizer` and psum the result over that axis)."""
+    _not_torch(gamma=gamma, label_smoothing=label_smoothing)
+    reduction, normalizer = _normalizer(reduction, normalizer)
+    if is_focal:
+        gamma = _scalar_option("gamma", gamma)
+        weight, alpha = None, class_weight_arg
+    else:
+        weight, alpha = class_weight_arg, None
+    label_smoothing = _scalar_option("label_smoothing", label_smoothing)
+    z, t, keep, is_index, class_weight, vector, _, num_classes, axis = _sharded_softmax_inputs(
+        logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where, axis_name
+    )
+    if not _is_static(gamma):
+        gamma = gamma.astype(z.dtype)
+    # elements left out (ignored, no class left): logits 0, so that their loss and gradient are
+    # 0, not NaN from a row of -inf or a NaN logit
+    z = jnp.where(keep[..., None], z, 0.0)
+    if is_index:
+        # an index outside [0, C) cannot raise under jit: its element's loss and gradient are NaN
+        y = _as_array(targets)
+        poison = jnp.where(keep & ((y < 0) | (y >= num_classes)), jnp.nan, 0.0).astype(z.dtype)
+        z = z + poison[..., None]
+    a = class_weight * t
+    if _is_static(gamma):
+        loss = _sharded_focal_loss(z, a, gamma, axis_name)
+    else:
+        loss = _sharded_focal_loss_traced(z, a, gamma, axis_name)
+    loss = jnp.where(keep, loss, 0.0)
+    if is_index and not is_focal:
+        # torch: the weighted mean divides by the weights of the kept targets (the global vector)
+        y = jnp.clip(jnp.where(keep, _as_array(targets), 0), 0, num_classes - 1)
+        denominator = jnp.sum(jnp.where(keep, vector[y], 0.0))
+    else:
+        denominator = jnp.count_nonzero(keep)
+    loss = _reduce(loss, reduction, _mean_divisor(denominator, normalizer))
+    return loss.astype(_as_array(logits).dtype)
+
+
+# ----------------------------------------------------------------------------------------------
 # Public API: softmax losses
 # ----------------------------------------------------------------------------------------------
 
@@ -379,6 +537,7 @@ def softmax_cross_entropy(
     where: ArrayLike | None = None,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    axis_name: Hashable | None = None,
 ) -> jax.Array:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics; see ``spec`` for the math.
 
@@ -387,20 +546,15 @@ def softmax_cross_entropy(
     Under ``jit`` an index outside [0, C) gives NaN (an error under ``checkify``).
     `normalizer` (a number or a 0-d array, may be traced) replaces the mean's divisor, as in the
     spec; it is a constant (``stop_gradient``).
+    `axis_name` (inside ``jax.shard_map``): the mesh axis the class dimension is split over
+    (docs/scaling.md): the logits (and probability targets, a class `where`) are this device's
+    contiguous slice, class-index targets stay global, `weight` is the whole vector; the row
+    sums are reduced with pmax/psum of per-row scalars, never a gathered row.
     """
-    return _softmax(
-        logits,
-        targets,
-        axis,
-        weight,
-        0.0,
-        False,
-        ignore_index,
-        label_smoothing,
-        where,
-        reduction,
-        normalizer,
-    )
+    arguments = (logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where)
+    if axis_name is not None:
+        return _sharded_softmax(*arguments, reduction, normalizer, axis_name)
+    return _softmax(*arguments, reduction, normalizer)
 
 
 def softmax_focal_loss(
@@ -415,26 +569,19 @@ def softmax_focal_loss(
     where: ArrayLike | None = None,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    axis_name: Hashable | None = None,
 ) -> jax.Array:
     """Softmax focal loss (Lin et al.); see ``spec.softmax_focal_loss`` for the math.
 
     Class axis -1 by default; dtypes, gradients and bad indices as ``softmax_cross_entropy``.
     `gamma`, `alpha` and `label_smoothing` may be traced (jit arguments, vmap, grad w.r.t.
-    them); a Python gamma = 0 takes the exact cross-entropy branch.
+    them); a Python gamma = 0 takes the exact cross-entropy branch. `axis_name`: the class
+    dimension split over that mesh axis, as ``softmax_cross_entropy`` (`alpha` the whole vector).
     """
-    return _softmax(
-        logits,
-        targets,
-        axis,
-        alpha,
-        gamma,
-        True,
-        ignore_index,
-        label_smoothing,
-        where,
-        reduction,
-        normalizer,
-    )
+    arguments = (logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where)
+    if axis_name is not None:
+        return _sharded_softmax(*arguments, reduction, normalizer, axis_name)
+    return _softmax(*arguments, reduction, normalizer)
 
 
 def softmax_cross_entropy_with_integer_labels(
