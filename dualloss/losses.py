@@ -78,6 +78,14 @@ LINEAR_REGIONS = (
     "ignored",
     "all_ignored",
     "one_class_dominant",
+    "confident",
+    "near_ties",
+    "mostly_ignored",
+    "bias_mask",
+    "half_overflow",
+    "one_row",
+    "wide_vocab",
+    "long_hidden",
 )
 
 

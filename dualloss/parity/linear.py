@@ -18,7 +18,13 @@ feature's row of linear_weight): the same logits, so the same regions.
 Regions (``REGIONS``; N = 45 rows, H = 16 features, V = 97 classes at --quick): typical, huge
 hidden norms (logits ~1e4: one-hot softmax, exp underflow everywhere), exact ties (duplicated
 vocabulary columns), ignored rows, all rows ignored, one class dominant (p_y within ~1e-13 of 1:
-the loss and gradient are ~1e-13, judged at their own scale).
+the loss and gradient are ~1e-13, judged at their own scale), confident rows (each row's own
+target ahead by 20 to 36: losses 1e-9 to 1e-16), near ties (columns a few float32 ULPs apart,
+exact ties once rounded to a half dtype), mostly ignored (one kept row: the mean divides by 1),
+a finite mask through the bias (-1e4 on every other class, no -inf anywhere), logits past
+float16's range from hidden and weights inside it, and three of their own shape (``OWN_SHAPE``):
+N = 1, V = 4099 (prime, many vocabulary blocks and a partial one), H = 1024 (long dot products:
+bfloat16 accumulation). After the regions, ``check`` runs a Hypothesis search (``_explore``).
 
 The bound (``bound``), derived rather than tuned. The spec is evaluated at the inputs the
 candidate saw (rounded to the dtype), so only the candidate's own arithmetic is judged. With u
@@ -29,12 +35,17 @@ gamma_n = (n + 1) u:
   D_i = gamma_H max_c A_ic bounds the row.
 * loss of row i: |dl_i| <= D_i sum_c |G_ic| (first order in dz; G the spec's gradient w.r.t.
   the logits) plus the row's own arithmetic, 8 u (|l_i| + log2(V) m_i) (the normaliser is a sum
-  of V terms, its log is off by log2(V) u; m_i = (1 + gamma) sum_c a_ic bounds the gradient).
+  of V terms, its log is off by log2(V) u, at least u: its exp and log round even for V = 1;
+  m_i = (1 + gamma) sum_c a_ic bounds the gradient).
 * logits' gradient: p moves by a factor exp(+-2 D_i) under dz, the focal factors by (1 + gamma)
   more: |dG_ic| <= E_ic = (2 D_i (1 + gamma)^2 + 8 u log2 V) (p_ic m_i + a_ic).
 * through the linear layer: dh_ik = sum_c G_ic W_ck is off by sum_c E_ic |W_ck| +
   gamma_V sum_c |G_ic W_ck|; dW and db likewise with the sum over rows (gamma_N).
 * reductions: summing N rows adds gamma_N sum_i |l_i|; 'mean' scales every bound as the loss.
+* flushed subnormals: an entry of p or of the logits' gradient below the working precision's
+  smallest normal s may come out 0 (XLA and GPUs flush them), so E_ic gains s (1 + m_i) on kept
+  rows, which the linear layer multiplies by |W| or |h| as above: a gradient of 2.5e-38
+  (30 x a flushed p of 8e-40) may be 0 in float32.
 
 Two standards, as ``tolerance.py``:
 
@@ -67,6 +78,8 @@ import numpy as np
 from .. import losses, spec
 from . import backends as B
 from . import devices as D
+from .backends import _literal
+from .cases import DTYPE_MAX
 from .findings import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain, unsupported_lines
 from .runner import Record, _short
 from .tolerance import (
@@ -150,7 +163,81 @@ def _one_class_dominant(rng, n, h, v):
     return hidden, kernel, bias, targets
 
 
-# one generator per region: (rng, N, H, V) -> hidden (N, H), kernel (H, V), bias (V,), targets
+def _confident(rng, n, h, v):
+    # each row's own target dominates by a margin of 20 to 36 (p_y within 1e-9 to 1e-16 of 1):
+    # the loss and its gradients are tiny, judged at their own scale; lse - z_y formed as a
+    # difference of two large numbers loses them
+    hidden, kernel, bias, targets = _typical(rng, n, h, v)
+    hidden *= 0.1
+    margins = np.linspace(20.0, 36.0, n)
+    for i in range(n):
+        direction = kernel[:, targets[i]] / np.dot(kernel[:, targets[i]], kernel[:, targets[i]])
+        for _ in range(60):
+            z = hidden[i] @ kernel + bias
+            gap = z[targets[i]] - np.max(np.delete(z, targets[i]))
+            if gap >= margins[i]:
+                break
+            hidden[i] += (margins[i] - gap + 1.0) * direction
+    return hidden, kernel, bias, targets
+
+
+def _near_ties(rng, n, h, v):
+    # three vocabulary columns a few float32 ULPs apart: float32 keeps them apart, the half
+    # dtypes round them to exact ties; the targets sit on them
+    hidden, kernel, bias, targets = _typical(rng, n, h, v)
+    kernel[:, 1] = kernel[:, 0] * (1 + 2.0**-20)
+    kernel[:, 2] = kernel[:, 0] * (1 - 2.0**-21)
+    bias[1] = bias[2] = bias[0]
+    targets[:] = rng.integers(0, 3, size=n)
+    return hidden, kernel, bias, targets
+
+
+def _mostly_ignored(rng, n, h, v):
+    # one kept row among ignored ones: the mean divides by 1 (not by N)
+    hidden, kernel, bias, targets = _typical(rng, n, h, v)
+    targets[:-1] = -100
+    return hidden, kernel, bias, targets
+
+
+def _bias_mask(rng, n, h, v):
+    # classes masked without -inf: a bias of -1e4 (finite in every dtype) on every other class;
+    # their probabilities underflow to exactly 0 in float32, the targets avoid them
+    hidden, kernel, bias, targets = _typical(rng, n, h, v)
+    bias[1::2] = -1e4
+    targets[:] = 2 * rng.integers(0, (v + 1) // 2, size=n)
+    return hidden, kernel, bias, targets
+
+
+def _half_overflow(rng, n, h, v):
+    # hidden and weight finite in float16 (|h| <= 3e4), their product is not: a third of the
+    # rows have a target logit past 65504 (float16's largest), so logits formed in float16 are
+    # inf; the other rows are typical
+    hidden, kernel, bias, targets = _typical(rng, n, h, v)
+    for i in range(n // 3):
+        column = kernel[:, targets[i]]
+        hidden[i] = 3e4 * np.sign(column) * (np.abs(column) > 0.25 * np.abs(column).max())
+    return hidden, kernel, bias, targets
+
+
+def _one_row(rng, n, h, v):
+    # N = 1: no reduction over rows to hide a bad row behind
+    return _typical(rng, 1, h, v)
+
+
+def _wide_vocab(rng, n, h, v):
+    # V = 4099 (prime): many times any vocabulary block, with a partial last block
+    return _typical(rng, min(n, 8), h, 4099)
+
+
+def _long_hidden(rng, n, h, v):
+    # H = 1024: dot products long enough that accumulating them in bfloat16 costs digits
+    return _typical(rng, min(n, 12), 1024, v)
+
+
+# the regions that fix their own shape (N, H or V) instead of the level's
+OWN_SHAPE = ("one_row", "wide_vocab", "long_hidden")
+# one generator per region: (rng, N, H, V) -> hidden (N, H), kernel (H, V), bias (V,), targets;
+# the last three regions fix their own shape (N, H or V)
 GENERATORS = {
     "typical": _typical,
     "huge_norms": _huge_norms,
@@ -158,6 +245,14 @@ GENERATORS = {
     "ignored": _ignored,
     "all_ignored": _all_ignored,
     "one_class_dominant": _one_class_dominant,
+    "confident": _confident,
+    "near_ties": _near_ties,
+    "mostly_ignored": _mostly_ignored,
+    "bias_mask": _bias_mask,
+    "half_overflow": _half_overflow,
+    "one_row": _one_row,
+    "wide_vocab": _wide_vocab,
+    "long_hidden": _long_hidden,
 }
 
 
@@ -209,6 +304,13 @@ class LinearCase:
         )
 
 
+def _classes(options: dict) -> int | None:
+    """The number of classes an array option (class weights, alpha) fixes, or None."""
+    sizes = [np.size(v) for v in options.values() if isinstance(v, np.ndarray) or
+             (hasattr(v, "shape") and np.ndim(v))]  # fmt: skip
+    return sizes[0] if sizes else None
+
+
 def region_inputs(region: str, n: int = 45, h: int = 16, v: int = 97, seed: int = 0):
     """(hidden, kernel, bias, targets) of `region` at (N, H, V), float64, seeded."""
     if region not in GENERATORS:
@@ -230,18 +332,24 @@ def make_cases(
     info = losses.get(loss)
     if level not in SHAPES:
         raise ValueError(f"`level` must be 'quick' or 'full'. Received: level={level!r}.")
-    out = []
+    out, seen = [], set()
     for n, h, v in SHAPES[level]:
         for region in REGIONS:
             if (regions is not None and region not in regions) or region in skip:
                 continue
             hidden, kernel, bias, targets = region_inputs(region, n, h, v)
+            # a region that fixes its own shape gives the same case at every level's shape
+            label = "x".join(str(d) for d in (*hidden.shape, kernel.shape[1]))
+            v_of = kernel.shape[1]
+            if (region, label) in seen or _classes(dict(options or {})) not in (None, v_of):
+                continue
+            seen.add((region, label))
             # ignored rows carry the options' ignore_index
             targets = np.where(targets == -100, dict(options or {}).get("ignore_index", -100),
                                targets)  # fmt: skip
             out.append(
-                LinearCase(info, region, f"{n}x{h}x{v}", hidden, kernel, bias,
-                           targets.astype(np.int64), option_values(dict(options or {}), v))
+                LinearCase(info, region, label, hidden, kernel, bias, targets.astype(np.int64),
+                           option_values(dict(options or {}), kernel.shape[1]))
             )  # fmt: skip
     return out
 
@@ -291,6 +399,20 @@ def inputs(loss: str, dtype: str, name: str, backend: str, bias: bool = True, de
     (torch). For reproducers: ``h, w, t, b = inputs(...)``."""
     case = case_by_name(loss, name)
     prep = prepare(case if bias else case.folded(), dtype)
+    return _backend_arrays(prep, backend, D.device_object(backend, D.canonical(device)))[0]
+
+
+def from_values(hidden, linear_weight, targets, bias=None, *, dtype: str, backend: str,
+                device="cpu"):  # fmt: skip
+    """The backend's arrays (as ``inputs``) of explicit values: `linear_weight` in the spec's
+    layout (H, V), transposed for torch. For the reproducers of inputs Hypothesis drew."""
+    case = LinearCase(
+        NAMES[0], "hypothesis", "drawn", np.asarray(hidden, dtype=np.float64),
+        np.asarray(linear_weight, dtype=np.float64),
+        None if bias is None else np.asarray(bias, dtype=np.float64),
+        np.asarray(targets, dtype=np.int64),
+    )  # fmt: skip
+    prep = prepare(case, dtype)
     return _backend_arrays(prep, backend, D.device_object(backend, D.canonical(device)))[0]
 
 
@@ -437,9 +559,12 @@ def expected(loss: str, prep: Prepared) -> dict:
     return out
 
 
-def bound(loss: str, hidden, kernel, bias, targets, options: dict, u: float) -> dict:
+def bound(loss: str, hidden, kernel, bias, targets, options: dict, u: float,
+          tiny: float = 0.0) -> dict:  # fmt: skip
     """The error bound of the module docstring, per entry of the value and each gradient, for
-    unit roundoff `u`; float64 inputs in the spec's layout."""
+    unit roundoff `u`; float64 inputs in the spec's layout. `tiny`: the smallest normal of the
+    working precision, below which the logits' gradient (and the p it is made of) may be
+    flushed to 0, an error the linear layer then multiplies by |W| (hidden) or |h| (weight)."""
     info = losses.get(loss)
     reduction = options.get("reduction", "mean")
     n, size = hidden.shape
@@ -459,7 +584,8 @@ def bound(loss: str, hidden, kernel, bias, targets, options: dict, u: float) -> 
         scale = 0.0 if elements.denominator == 0 else 1.0 / elements.denominator
     g_abs = np.abs(terms.grad) * scale
     mass = (1.0 + gamma) * np.sum(elements.a, axis=1, keepdims=True)
-    log_v = math.log2(v)
+    # the normaliser's exp and log round even over one class: log2(V), at least 1
+    log_v = max(math.log2(v), 1.0)
     e = (2 * delta * (1 + gamma) ** 2 + 8 * u * log_v) * (terms.p * mass + elements.a) * scale
     e = np.where(elements.keep[:, None], e, 0.0)
     loss_rows = np.abs(terms.loss)
@@ -472,6 +598,8 @@ def bound(loss: str, hidden, kernel, bias, targets, options: dict, u: float) -> 
         value = row_bound
     else:
         value = np.sum(row_bound) + gamma_n * np.sum(loss_rows) * scale
+    # flushed subnormals: p_ic (times sum_c v_c <= m_i) and G_ic itself, each below tiny
+    e = e + np.where(elements.keep[:, None], tiny * (1.0 + mass * scale), 0.0)
     out = {
         "value": np.asarray(value),
         "hidden": e @ np.abs(kernel).T + gamma_v * g_abs @ np.abs(kernel).T,
@@ -489,7 +617,8 @@ def tolerances(loss: str, prep: Prepared, want: dict, standard: str) -> dict:
     practical = standard == "practical"
     work = dtype if practical or dtype not in HALF else "float32"
     u = UNIT_ROUNDOFF[work]
-    out, _ = bound(loss, hidden, kernel, bias, prep.case.targets, prep.options, u)
+    out, _ = bound(loss, hidden, kernel, bias, prep.case.targets, prep.options, u,
+                   SMALLEST_NORMAL[work])  # fmt: skip
     for what, tolerance in out.items():
         e = np.abs(want[what])
         tolerance = tolerance + SMALLEST_NORMAL[work] * (K if practical else 1.0)
@@ -619,6 +748,14 @@ def reproducer(call: str, imports: str, prep: Prepared, backend: str, device: st
         head += "; jax.config.update('jax_enable_x64', True)"
     make = (f"from dualloss.parity.linear import inputs; {args} = inputs({loss!r}, {dtype!r}, "
             f"{name!r}, {backend!r}, bias={bias}, device={device!r})")  # fmt: skip
+    if prep.case.region == "hypothesis":
+        # a drawn input has no name to rebuild it from: its values, as the candidate got them
+        hidden, kernel, b = prep.ref
+        values = f"{_literal(hidden)}, {_literal(kernel)}, {_literal(prep.case.targets)}"
+        if bias:
+            values += f", {_literal(b)}"
+        make = (f"from dualloss.parity.linear import from_values; {args} = from_values("
+                f"{values}, dtype={dtype!r}, backend={backend!r}, device={device!r})")  # fmt: skip
     imports = f"; {imports}" if imports else ""
     if backend == "torch":
         grads = "h.grad, w.grad" + (", b.grad" if bias else "")
@@ -683,7 +820,8 @@ class LinearCheckReport(CheckReport):
             f"{self.candidate} vs spec.{self.reference} ({self.backend}; {options}): {verdict}",
             f"  device: {self.device}",
             f"  {self.cases_judged} of {self.cases_run} adversarial cases judged "
-            f"({', '.join(self.dtypes)}), values and gradients w.r.t. "
+            f"({', '.join(self.dtypes)}), {self.examples_run} Hypothesis examples, values and "
+            "gradients w.r.t. "
             f"{', '.join(WRT if self.options.get('bias') else WRT[:2])}, {self.standard} standard",
         ]
         for i, h in enumerate(self.hazards, 1):
@@ -739,6 +877,80 @@ def _features(case: LinearCase, options: dict) -> set[str]:
     return {"ignored"} if ignored.any() else set()
 
 
+def _explore(candidate, backend, info, options, dtype, with_bias, dev, jit, standard,
+             max_examples, unsupported, skip, failure_of):  # fmt: skip
+    """Hypothesis search over small fused inputs (as ``_check._explore`` for the logits: the
+    same settings, derandomized, shrunk): (the shrunk input's failure or None, examples run).
+
+    N in [1, 3], H in [1, 3], V in [1, 7]; hidden entries typical or huge (up to 3e4, finite in
+    float16, and products past float16's range), weights typical or large, the bias typical,
+    dominant (40) or a finite mask (-1e4); ignored rows when the candidate supports them, never
+    every row (the all-ignored region judges that); the features the candidate lacks are not
+    drawn. `failure_of(prep, kind, judgement, outcome)` makes the report's failure."""
+    try:
+        from hypothesis import HealthCheck, Phase, given, settings
+        from hypothesis import strategies as st
+    except ImportError:
+        return None, 0
+    big = 0.5 * DTYPE_MAX[dtype]
+    huge = "huge_norms" not in skip and "half_overflow" not in skip
+    hidden_specials = [0.0, 1.0, -1.0, 30.0, -30.0] + ([300.0, -300.0, 3e4, -3e4] if huge else [])
+    hidden_element = st.one_of(st.floats(-4.0, 4.0, width=32), st.sampled_from(hidden_specials))
+    weight_element = st.one_of(st.floats(-2.0, 2.0, width=32),
+                               st.sampled_from([0.0, 1.0, -1.0, 4.0, -4.0]))  # fmt: skip
+    bias_specials = [0.0, 40.0] + ([-1e4] if "bias_mask" not in skip else [])
+    bias_element = st.one_of(st.floats(-4.0, 4.0, width=32), st.sampled_from(bias_specials))
+    ignore_index = options.get("ignore_index", -100)
+    allow_ignore = "ignored" not in skip and "ignored" not in unsupported
+    # a class-weight (or alpha) vector the user gave fixes V
+    fixed_v = _classes(options)
+
+    @st.composite
+    def draw_inputs(draw):
+        n, h = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+        v = fixed_v or draw(st.integers(1, 7))
+        hidden = np.array(draw(st.lists(hidden_element, min_size=n * h, max_size=n * h)))
+        kernel = np.array(draw(st.lists(weight_element, min_size=h * v, max_size=h * v)))
+        bias = np.array(draw(st.lists(bias_element, min_size=v, max_size=v)))
+        targets = np.array(draw(st.lists(st.integers(0, v - 1), min_size=n, max_size=n)))
+        if allow_ignore and n > 1:
+            ignored = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+            ignored[-1] = False  # never every row
+            targets = np.where(ignored, ignore_index, targets)
+        hidden = np.clip(hidden.reshape(n, h), -big, big)
+        return hidden, kernel.reshape(h, v), bias, targets.astype(np.int64)
+
+    state = {"count": 0, "last": None}
+
+    @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
+              report_multiple_bugs=False)  # fmt: skip
+    @given(draw_inputs())
+    def search(data):
+        hidden, kernel, bias, targets = data
+        state["count"] += 1
+        case = LinearCase(info, "hypothesis", "drawn", hidden, kernel, bias, targets,
+                          option_values(dict(options), kernel.shape[1]))  # fmt: skip
+        if not with_bias:
+            case = case.folded()
+        prep = prepare(case, dtype)
+        kind, judgement, outcome = evaluate(candidate, backend, info, prep, dev, jit, standard)
+        if kind in ("ok", ALL_IGNORED_NAN):
+            return
+        state["last"] = (prep, kind, judgement, outcome)
+        raise AssertionError(kind)
+
+    try:
+        search()
+    except AssertionError:
+        pass
+    except Exception:  # noqa: BLE001 - Hypothesis internals; report, do not crash
+        return None, state["count"]
+    if state["last"] is None:
+        return None, state["count"]
+    return failure_of(*state["last"]), state["count"]
+
+
 def check(
     candidate,
     reference: str,
@@ -759,7 +971,9 @@ def check(
     `options` are the spec keyword arguments the candidate implements, fixed for every input
     (weight, alpha, gamma, ignore_index, label_smoothing, reduction), plus ``bias=True`` when
     the candidate takes a bias as its fourth argument. There is no Hypothesis exploration for
-    these losses (`max_examples` is checked and ignored): the regions are the cases.
+    After the regions, Hypothesis draws `max_examples` small inputs per dtype (default 50; 0:
+    none) and shrinks the first failing one to the smallest it finds, reproduced with its
+    values (``_explore``).
     """
     info = losses.get(reference)  # ``parity.check`` hands over the record it resolved
     if backend not in B.BACKENDS:
@@ -774,6 +988,7 @@ def check(
         )
     if max_examples is not None and int(max_examples) < 0:
         raise ValueError(f"`max_examples` must be >= 0. Received: max_examples={max_examples}.")
+    max_examples = 50 if max_examples is None else int(max_examples)
     options = dict(options or {})
     skip = (skip,) if isinstance(skip, str) else tuple(skip)
     dtypes = _validate(info, options, skip, dtypes, max_examples)
@@ -849,6 +1064,27 @@ def check(
             hazards[key] = Hazard(failure, case.region, 1, [dtype])
         if hazards and stop_at_first:
             break
+        if max_examples:
+
+            def failure_of(prep, kind, judgement, outcome, dtype=dtype):
+                found = _failure(name, imports, call, candidate, backend, info, prep, label,
+                                 mode, dev, kind, judgement, outcome, jit, standard)  # fmt: skip
+                found.case = "hypothesis (shrunk)"
+                return found
+
+            found, count = _explore(candidate, backend, info, spec_options, dtype, with_bias, dev,
+                                    jit, standard, max_examples, unsupported, skip,
+                                    failure_of)  # fmt: skip
+            report.examples_run += count
+            if found is not None:
+                key = (found.kind, "hypothesis")
+                if key in hazards:
+                    hazards[key].count += 1
+                    hazards[key].dtypes.append(dtype)
+                else:
+                    hazards[key] = Hazard(found, "hypothesis", 1, [dtype])
+                if stop_at_first:
+                    break
     order = {"non-finite": 0, "writes input": 1, "accuracy": 2, "error": 3, ALL_IGNORED_NAN: 4}
     report.hazards = sorted(hazards.values(), key=lambda h: order.get(h.failure.kind, 3))
     if report.cases_judged == 0 and not report.hazards:
@@ -890,11 +1126,17 @@ def run_ours(
         for label in device_names:
             dev = D.device_object(backend, label)
             for loss in names:
-                for options, reduction in plan(loss, level):
+                for at, (options, reduction) in enumerate(plan(loss, level)):
                     for dtype in dtypes:
+                        # at --quick the regions of their own shape run with the first option set
+                        # and below float64 only: each new shape costs JAX one compilation per
+                        # option set and dtype, and their hazards are accumulation in low precision
+                        thin = level == "quick" and (at or dtype == "float64")
+                        chosen = [r for r in (regions or REGIONS)
+                                  if not (thin and r in OWN_SHAPE)]  # fmt: skip
                         for mode in modes:
                             made = {}  # one candidate per V (its class-weight vector)
-                            for case in make_cases(loss, options, level=level, regions=regions):
+                            for case in make_cases(loss, options, level=level, regions=chosen):
                                 prep = prepare(case, dtype)
                                 num_classes = case.linear_weight.shape[1]
                                 if num_classes not in made:
