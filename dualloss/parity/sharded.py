@@ -349,8 +349,11 @@ def _judge_all(impl, unsharded, label, losses, dtypes, level, regions, device, m
     """Records and failures of `impl(loss)` for each loss, each case it supports; `lead` is
     whether this process keeps them (torch: rank 0); `reproduce` rewrites a reproducer."""
     records, failures, left_out = [], [], 0
+    # one implementation per loss: its function's identity keys the compiled-function cache
+    impls = {loss: impl(loss) for loss in losses}
+    theirs_by = {loss: unsharded(loss) for loss in losses}
     for loss, dtype, case in _cases(losses, dtypes, level, regions):
-        sharded = impl(loss)
+        sharded = impls[loss]
         prep = B.prepare(case, dtype)
         kind, judgement, outcome = evaluate(sharded, prep, device, mode == "jit")
         if kind == "skipped":
@@ -363,8 +366,9 @@ def _judge_all(impl, unsharded, label, losses, dtypes, level, regions, device, m
             record.value_ulp = judgement.worst_value_ulp
             record.grad_ulp = judgement.worst_grad_ulp
             record.ratio = judgement.worst_ratio
-            theirs = B.run_case(unsharded(loss), prep, B_device(unsharded(loss)), mode == "jit")
-            problems = _compare(prep, outcome, theirs, judgement, unsharded(loss).name)
+            them = theirs_by[loss]
+            theirs = B.run_case(them, prep, B_device(them), mode == "jit")
+            problems = _compare(prep, outcome, theirs, judgement, them.name)
             if problems and kind == "ok":
                 record.kind = kind = "accuracy"
         records.append(record)
