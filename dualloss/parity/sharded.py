@@ -367,26 +367,29 @@ def _judge_all(impl, unsharded, label, losses, dtypes, level, regions, device, m
             record.grad_ulp = judgement.worst_grad_ulp
             record.ratio = judgement.worst_ratio
             them = theirs_by[loss]
-            theirs = B.run_case(them, prep, B_device(them), mode == "jit")
+            theirs = B.run_case(them, prep, _cpu_device(them), mode == "jit")
             problems = _compare(prep, outcome, theirs, judgement, them.name)
             if problems and kind == "ok":
                 record.kind = kind = "accuracy"
         records.append(record)
         if kind != "ok":
             if problems:
-                failure = make_failure(sharded, prep, label, mode, kind, judgement, outcome)
+                failure = make_failure(sharded, prep, "cpu", mode, kind, judgement, outcome)
                 failure.problems = problems + failure.problems
             else:
                 small, small_j, small_o = minimise(sharded, prep, device, mode == "jit", kind)
                 if small_o is None:
                     small, small_j, small_o = prep, judgement, outcome
-                failure = make_failure(sharded, small, label, mode, kind, small_j, small_o)
+                failure = make_failure(sharded, small, "cpu", mode, kind, small_j, small_o)
+            # the reproducer's device is the CPU (a mesh or ranks of it); the report names both
+            failure.device = label
             failure.reproducer = reproduce(failure.reproducer)
             failures.append(failure)
     return (records, failures, left_out) if lead else ([], [], left_out)
 
 
-def B_device(impl):  # noqa: N802 - the unsharded backend's device: the CPU
+def _cpu_device(impl):
+    """The unsharded backend's device: the CPU."""
     if impl.backend == "jax":
         import jax
 
