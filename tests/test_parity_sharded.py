@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -173,6 +174,30 @@ def _torch_worker(rank, world, port, out_dir):
                 text = str(report)
                 lines.append(f"{label} reproducer {'shard_classes(' + label in text}")
                 lines.append(f"{label} ranks {'on each of 2 ranks' in text}")
+        # regression (found by run --sharded): process_group= gave no gradient through the
+        # target's class weight (weight[y], alpha[y]), only through the weighted mean's divisor
+        from dualloss.parity import shard_classes
+        from dualloss.parity.tolerance import judge
+
+        rng = np.random.default_rng(3)
+        z = rng.normal(size=(6, 7)) * 2.0
+        y = np.array([0, 6, 3, -100, 4, 4])
+        for name, options in (("softmax_cross_entropy", {}),
+                              ("softmax_focal_loss", {"gamma": 2.0})):  # fmt: skip
+            vector = "alpha" if options else "weight"
+            w = torch.linspace(0.25, 1.0, 7, dtype=torch.float64, requires_grad=True)
+            x = torch.tensor(z, requires_grad=True)
+
+            def local(x, t, _name=name, _options=options, _vector=vector, **given):
+                return getattr(torch_impl, _name)(x, t, process_group=group, **_options, **given)
+
+            value = shard_classes(local, process_group=group)(x, torch.tensor(y), **{vector: w})
+            value.backward()
+            j = judge(name, z, y, {**options, vector: w.detach().numpy()}, "float64",
+                      value.detach().numpy(), x.grad.numpy(),
+                      input_grads={vector: np.zeros(7) if w.grad is None
+                                   else w.grad.numpy()})  # fmt: skip
+            lines.append(f"{name} {vector} gradient {j.ok} {j.inaccurate[:1]}")
     except BaseException as error:  # noqa: BLE001 - handed to the parent
         import traceback
 
@@ -256,6 +281,8 @@ def test_check_judges_a_torch_vocab_parallel_loss_on_every_rank(tmp_path):
         "summed_gradient False",
         "summed_gradient reproducer True",
         "summed_gradient ranks True",
+        "softmax_cross_entropy weight gradient True []",
+        "softmax_focal_loss alpha gradient True []",
     ], ranks[0]
 
 
