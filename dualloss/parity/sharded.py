@@ -345,14 +345,19 @@ def _compare(prep, outcome, unsharded, judgement, name) -> list[str]:
 
 
 def _judge_all(impl, unsharded, label, losses, dtypes, level, regions, device, mode, lead,
-               reproduce):  # fmt: skip
+               reproduce, release=lambda: None):  # fmt: skip
     """Records and failures of `impl(loss)` for each loss, each case it supports; `lead` is
-    whether this process keeps them (torch: rank 0); `reproduce` rewrites a reproducer."""
+    whether this process keeps them (torch: rank 0); `reproduce` rewrites a reproducer;
+    `release` is called after each loss and dtype (JAX: drop the compiled programs)."""
     records, failures, left_out = [], [], 0
     # one implementation per loss: its function's identity keys the compiled-function cache
     impls = {loss: impl(loss) for loss in losses}
     theirs_by = {loss: unsharded(loss) for loss in losses}
+    current = None
     for loss, dtype, case in _cases(losses, dtypes, level, regions):
+        if (loss, dtype) != current:
+            release()
+            current = (loss, dtype)
         sharded = impls[loss]
         prep = B.prepare(case, dtype)
         kind, judgement, outcome = evaluate(sharded, prep, device, mode == "jit")
@@ -397,6 +402,15 @@ def _cpu_device(impl):
     return "cpu"
 
 
+def _release_jax():
+    """Drops every compiled program: thousands of 8-device CPU executables exhaust the process's
+    memory maps (LLVM: 'Cannot allocate memory') before the profile ends."""
+    import jax
+
+    B._compiled_cache.clear()
+    jax.clear_caches()
+
+
 def _jax_child(out_path, losses, dtypes, level, regions):
     import jax
     import numpy as np
@@ -439,7 +453,7 @@ def _jax_child(out_path, losses, dtypes, level, regions):
         got, lost, left_out = _judge_all(
             impl, lambda loss: B.ours("jax", loss), f"cpu x{mesh.size}", losses, dtypes, level,
             regions, NamedSharding(mesh, P()), "jit", True,
-            lambda line, mesh=mesh: sharded_reproducer(line, mesh=mesh),
+            lambda line, mesh=mesh: sharded_reproducer(line, mesh=mesh), _release_jax,
         )  # fmt: skip
         records += got
         failures += lost
