@@ -108,6 +108,13 @@ def _parser() -> argparse.ArgumentParser:
         const="full",
         help="more margins, gammas and shapes; both JAX modes; torch.compile",
     )
+    run.add_argument(
+        "--sharded",
+        action="store_true",
+        help="the sharded profile: the softmax losses' vocab-parallel paths (JAX axis_name= and"
+        " jit over class-sharded arrays on 8 forced host devices; torch process_group= and"
+        " DTensor in 2 and 4 gloo processes) judged against the spec and the unsharded backend",
+    )
     run.add_argument("--peers", action="store_true", help="also measure torch/optax/kornia")
     run.add_argument("--only-peers", action="store_true", help="measure the peers only")
     run.add_argument("--no-jit", action="store_true", help="JAX eager mode only")
@@ -272,6 +279,8 @@ def _run(args, parser) -> int:
         parser.error(
             f"--backends {','.join(missing)}: not installed (pip install dualloss[{missing[0]}])."
         )
+    if args.sharded:
+        return _run_sharded(args, parser)
     devices.start(args.backends)  # JAX before torch
     linear = [] if args.only_peers else [n for n in args.losses if _registry.get(n).is_linear]
     logits = [n for n in args.losses if not _registry.get(n).is_linear]
@@ -320,6 +329,31 @@ def _run(args, parser) -> int:
         not_drawn = report.plots_not_drawn(result)
         if not_drawn:
             print(f"warning: {not_drawn}.", file=sys.stderr)
+    return OK if result.ok else FAILED
+
+
+def _run_sharded(args, parser) -> int:
+    """--sharded: JAX in a subprocess with 8 forced host devices, torch in gloo processes."""
+    from . import report, sharded
+
+    for flag, given in (("--peers", args.peers), ("--only-peers", args.only_peers),
+                        ("--compile", args.compile), ("--no-jit", args.no_jit),
+                        ("--devices", args.devices is not None)):  # fmt: skip
+        if given:
+            parser.error(f"--sharded runs dualloss's own backends on host devices: drop {flag}.")
+    losses = [n for n in args.losses if n in sharded.SHARDED_LOSSES]
+    if not losses:
+        parser.error(
+            f"--sharded judges {', '.join(sharded.SHARDED_LOSSES)}. "
+            f"Received: --losses {','.join(args.losses)}."
+        )
+    result = sharded.run_profile(args.backends, args.dtypes, losses, args.regions, args.level)
+    print(report.terminal_summary(result, args.max_failures))
+    if args.report:
+        os.makedirs(args.report, exist_ok=True)
+        report.write_json(result, os.path.join(args.report, "parity.json"))
+        path = report.write_markdown(result, args.report)
+        print(f"report: {path}, {os.path.join(args.report, 'parity.json')}")
     return OK if result.ok else FAILED
 
 

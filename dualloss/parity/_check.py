@@ -418,6 +418,9 @@ def check(
     standard: str = "practical",
     binary_targets: bool = False,
     grads="all",
+    mesh=None,
+    axis_name=None,
+    process_group=None,
 ) -> CheckReport:
     """Judges `candidate` against ``dualloss.spec.<reference>`` with `options`.
 
@@ -452,6 +455,15 @@ def check(
       standard: 'practical' (default: backward stable, accurate at the whole result's scale) or
         'strict' (the standard dualloss's own backends are held to); see ``tolerance.py``.
       binary_targets: a sigmoid candidate that takes targets in {0, 1} only.
+      mesh, axis_name: JAX, a vocab-parallel candidate: it is called inside ``jax.shard_map``
+        over `mesh` with the class axis split over `axis_name` (needed when the mesh has several
+        axes), the targets global class indices and its output replicated
+        (``parity.shard_classes``; docs/parity.md).
+      process_group: torch, a vocab-parallel candidate: call ``check`` on every rank of the
+        group; the candidate gets this rank's contiguous slice of the classes and the global
+        targets, every rank judges rank 0's value and the whole gradient, and every rank returns
+        the same report. Gradients w.r.t. options are not judged (a replicated option's gradient
+        depends on where the candidate reads it).
       grads: which gradients to judge besides the value: 'all' (the default: the logits' and
         every other one the candidate's autodiff reaches, probability targets and the options
         it takes as arguments), 'logits' (the logits' only, for a loss meant to be
@@ -473,6 +485,9 @@ def check(
             f"`reference` must be one of {losses.ALL_NAMES}. Received: reference={reference!r}."
         ) from None
     judged = judged_inputs(info, grads) if not info.is_linear else None
+    sharded = mesh is not None or process_group is not None
+    if sharded:
+        judged = _sharded_arguments(info, backend, mesh, process_group, judged)
     if info.is_linear:
         if grads != "all":
             raise ValueError(
@@ -508,6 +523,14 @@ def check(
     takes = _named_options(candidate, info, options)
     unnamed = _name_of(candidate)[2] == "candidate"
     label, dev = D.one_device(backend, device)
+    if sharded:
+        from .sharded import sharded_implementation, sharded_reproducer
+
+        impl, dev, where = sharded_implementation(
+            impl, _name_of(candidate)[2], mesh=mesh, axis_name=axis_name,
+            process_group=process_group,
+        )  # fmt: skip
+        world = None if process_group is None else _world(process_group)
     report = CheckReport(impl.name, info.name, backend, options, standard, dtypes, device=label,
                          info=info, grads=grads)  # fmt: skip
     report.precision = D.pin_precision([backend])
@@ -523,6 +546,11 @@ def check(
     hazards: dict[tuple[str, str, str], Hazard] = {}
     if unnamed:
         report.notes.append(UNNAMED_NOTE)
+    if sharded:
+        report.notes.append(
+            f"vocab-parallel: called through parity.shard_classes on {where}, the classes split "
+            "over it, the targets global class indices"
+        )
     closed_over = [o.name for o in info.options if o.differentiable and o.name not in takes
                    and options.get(o.name) is not None
                    and (judged is None or o.name in judged)]  # fmt: skip
@@ -535,6 +563,8 @@ def check(
         )
 
     def record(failure: Failure, region: str, dtype: str) -> None:
+        if sharded:
+            failure.reproducer = sharded_reproducer(failure.reproducer, mesh=mesh, world=world)
         if failure.kind == "error" and jit and any(
                 name in p for p in failure.problems for name in TRACER_ERRORS):  # fmt: skip
             failure.problems = [f"{p} ({hint})" for p in failure.problems]
@@ -605,9 +635,51 @@ def check(
                 if stop_at_first:
                     break
     report.hazards = sorted(hazards.values(), key=Hazard.rank)
+    if sharded:
+        for key, text in report.unsupported.items():
+            why, _, line = text.partition("\n      reproduce: ")
+            line = sharded_reproducer(line, mesh=mesh, world=world) if line else line
+            report.unsupported[key] = f"{why}\n      reproduce: {line}" if line else why
     if report.cases_judged == 0 and not report.hazards:
         report.notes.append("nothing was judged: every case used a feature the candidate lacks")
     return report
+
+
+def _sharded_arguments(info, backend, mesh, process_group, judged):
+    """Checks `mesh` / `process_group` against the loss and backend; the gradients judged (torch:
+    not the options')."""
+    if mesh is not None and process_group is not None:
+        raise ValueError(
+            "`mesh` (JAX) and `process_group` (torch) cannot both be given. Received: both."
+        )
+    if not info.is_softmax or info.is_linear:
+        raise ValueError(
+            "`mesh` and `process_group` apply to the softmax losses (classes split over "
+            f"devices). Received: reference={info.name!r}."
+        )
+    if mesh is not None and backend != "jax":
+        raise ValueError(f"`mesh` needs backend='jax'. Received: backend={backend!r}.")
+    if process_group is not None:
+        if backend != "torch":
+            raise ValueError(
+                f"`process_group` needs backend='torch'. Received: backend={backend!r}."
+            )
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError(
+                "`process_group` needs torch.distributed to be initialised (torch.distributed."
+                f"init_process_group). Received: process_group={process_group!r}."
+            )
+        # the gradient w.r.t. a replicated option depends on where the candidate reads it
+        return frozenset({"targets"}) if judged is None else judged & {"targets"}
+    return judged
+
+
+def _world(process_group) -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size(process_group)
 
 
 def assert_passes(candidate, reference: str, **kwargs) -> CheckReport:

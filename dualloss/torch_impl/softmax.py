@@ -612,6 +612,7 @@ class _VocabParallel(torch.autograd.Function):
             phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
             v = (1.0 - gamma * phi) * focal_weight
             v = v if a_y is None else a_y * v
+        per_mass = None
         if a_y is None:
             loss = -log_p if focal_weight is None else -(focal_weight * log_p)
         else:
@@ -619,17 +620,23 @@ class _VocabParallel(torch.autograd.Function):
             # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
             zero = (a_y == 0.0) & (log_p == -math.inf)
             loss = -(weighted * torch.where(zero, 0.0, log_p))
+            if ctx.needs_input_grad[2]:
+                # the loss per unit of target mass: its derivative w.r.t. a_y (weight / alpha)
+                per_mass = -torch.where(zero, 0.0, log_p)
+                per_mass = per_mass if focal_weight is None else focal_weight * per_mass
+                if keep is not None:
+                    per_mass = torch.where(keep.unsqueeze(-1), per_mass, 0.0)
         loss = loss.squeeze(-1)
         if keep is not None:
             # ignored elements give 0, whatever their logits
             loss = torch.where(keep, loss, 0.0)
-        ctx.save_for_backward(z, z_top, normaliser, not_p, v, local_y, owns, keep)
+        ctx.save_for_backward(z, z_top, normaliser, not_p, v, local_y, owns, keep, per_mass)
         return loss
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss):
-        z, z_top, normaliser, not_p, v, local_y, owns, keep = ctx.saved_tensors
+        z, z_top, normaliser, not_p, v, local_y, owns, keep, per_mass = ctx.saved_tensors
         coefficient = grad_loss.unsqueeze(-1) * v
         # p_j = exp(z_j - z_top) / (exp(t) + s), from this rank's logits and the row's numbers
         grad = torch.exp(z - z_top) / normaliser * coefficient
@@ -638,7 +645,11 @@ class _VocabParallel(torch.autograd.Function):
         if keep is not None:
             # ignored elements get no gradient, whatever their logits
             grad = torch.where(keep.unsqueeze(-1), grad, 0.0)
-        return grad, None, None, None, None, None, None
+        # the target mass's gradient (a_y = weight[y] or alpha[y]), the same on every rank
+        grad_a = None
+        if ctx.needs_input_grad[2]:
+            grad_a = grad_loss.unsqueeze(-1) * per_mass
+        return grad, None, grad_a, None, None, None, None
 
 
 def _softmax_vocab_parallel(
