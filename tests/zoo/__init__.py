@@ -165,7 +165,7 @@ class Entry:
     expected: 'pass', or the consequence (``findings.CONSEQUENCE``) of the report's first
       problem; region: a region where a problem of that consequence must be found (None for a
       pass); why: the reason, from reading the code (its probe in probes.py); also: further
-      problems the reading predicts, not asserted.
+      problems the reading predicts, not asserted. oracle, after: see below.
     """
 
     name: str
@@ -180,6 +180,10 @@ class Entry:
     why: str
     also: str = ""
     kwargs: dict = field(default_factory=dict)
+    # written after the oracle ran (docs/zoo.md): where it disagrees, the oracle's first problem
+    # (consequence, region), which the test asserts instead, and why (probes.AFTER checks it)
+    oracle: tuple[str, str] | None = None
+    after: str = ""
 
     @property
     def function(self):
@@ -198,6 +202,11 @@ ZOO: tuple[Entry, ...] = (
         "x <= -17 in float32, an error of ~e^{3x} that is within u times the focal scale",
         "binary targets: pass",
         {"options": {"gamma": 2.0}},
+        after="the oracle also finds binary targets wrong at the result's scale (confident "
+        "regions, typical, x = 1, t = 0): in the gradient w.r.t. the targets, which the "
+        "reading did not consider; MONAI's factor agrees with (1 - p_t)^gamma at t in {0, 1} "
+        "but not its derivative in t. With binary_targets=True (targets not differentiated) "
+        "it passes",
     ),
     Entry(
         "monai_softmax_focal", "MONAI", _GH + "Project-MONAI/MONAI/blob/00bb641/monai/losses/"
@@ -229,6 +238,12 @@ ZOO: tuple[Entry, ...] = (
         "-1), y = 0 it gives 0.0792 where -(1 - p_y)^2 log p_y = 0.0457",
         "",
         {"options": {"gamma": 2.0}},
+        oracle=(NONFINITE, "masked"),
+        after="disagrees: the reading looked at the formula and missed that the per-class "
+        "BCE-with-logits also runs over masked classes, where x t = -inf * 0 = NaN (a row with "
+        "one finite class: NaN value and NaN gradient). The oracle is right: non-finite ranks "
+        "first; the wrong formula is found too, wrong at the result's scale in typical and 8 "
+        "other regions",
     ),
     Entry(
         "toolbelt_label_smoothed_nll", "pytorch-toolbelt", _GH + "BloodAxe/pytorch-toolbelt/blob/"
@@ -239,6 +254,12 @@ ZOO: tuple[Entry, ...] = (
         "everything else passes (torch's smoothing convention eps/C; inf at a masked class, as "
         "in the spec)",
         {"options": {"label_smoothing": 0.1}},
+        oracle=(NONFINITE, "confident_correct"),
+        after="disagrees: the reading missed that the smoothing term sums the C log-probabilities "
+        "first: at margin 1.7e38 (about half float32's range) four of them add up past "
+        "3.4e38 to -inf, so the loss is inf where it is 1.36e37. The oracle is right; the "
+        "predicted problem, the mean over ignored rows, is found as well (ignored, float32 and "
+        "float64)",
     ),
     Entry(
         "mmdet_sigmoid_focal", "MMDetection", _GH + "open-mmlab/mmdetection/blob/00e9730/mmdet/"
@@ -259,6 +280,11 @@ ZOO: tuple[Entry, ...] = (
         "unsupported: ignored labels (gather at -100 raises), spatial (dim=-1 gathers out of "
         "range on the probe), probability targets",
         {"options": {"label_smoothing": 0.1}},
+        oracle=(NONFINITE, "confident_correct"),
+        after="disagrees, and flips the verdict: -logprobs.mean(dim=-1) sums before dividing, "
+        "so at margin 1.7e38 in float32 the sum overflows to -inf and the loss is inf where it "
+        "is 1.36e37; the reading called the smoothing term safe because it is inf only at "
+        "-inf logits. The oracle is right",
     ),
     Entry(
         "timm_soft_target", "timm", _GH + "huggingface/pytorch-image-models/blob/308d0b9/timm/"
@@ -296,6 +322,10 @@ ZOO: tuple[Entry, ...] = (
         "an error in 'classes'; probability targets unsupported (the shape check raises); "
         "ignored labels skipped (JAX: t5x marks padding with weights)",
         {"skip": ("ignored", "all_ignored")},
+        after="the oracle's first problem is non-finite in huge_shift, which the reading missed: "
+        "the custom forward adds z_loss * square(log_z) with z_loss = 0, and at logits of "
+        "1.7e38 square(log_z) is inf in float32, 0 * inf = NaN. The predicted NaN in masked "
+        "and the C = 1 ZeroDivisionError (error in classes) are found too",
     ),
     Entry(
         "flax_wmt_weighted_ce", "flax (examples/wmt)", _GH + "google/flax/blob/0e5fc04/examples/"

@@ -102,11 +102,9 @@ def _rel(a, b):
 
 def probes():
     """[(entry name, input, what the library returns, the exact value, the claim, holds)]."""
-    import jax
     import jax.numpy as jnp
     import torch
 
-    jax.config.update("jax_enable_x64", True)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     import zoo
 
@@ -339,6 +337,72 @@ def probes():
     return rows
 
 
+def probes_after():
+    """Probes written after the oracle ran, one per problem it found that the reading had missed
+    (docs/zoo.md, "The oracle's verdicts"): each checks, without the oracle, that the problem is
+    real."""
+    import jax.numpy as jnp
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    import zoo
+
+    rows = []
+
+    def add(name, where, got, exact, claim, holds):
+        rows.append((name, where, got, exact, claim, bool(holds)))
+
+    big = 1.7014117331926443e38  # about half float32's largest value, the oracle's margin
+
+    z = [[-0.5526, -math.inf, -math.inf, -math.inf, -math.inf, -math.inf]]
+    got, g = _value_grad_torch(zoo.toolbelt_softmax_focal, _torch(z, "float32"), torch.tensor([0]))
+    ex = exact_softmax_focal(z[0], 0, 2)
+    add(
+        "toolbelt_softmax_focal",
+        "z=(-0.55, -inf x 5), y=0, float32",
+        got,
+        ex,
+        "NaN value and gradient where the loss is 0",
+        math.isnan(got) and np.isnan(g).all() and ex == 0,
+    )
+    z = [[0.0, -big, -big, -big, -big]]
+    for name in ("toolbelt_label_smoothed_nll", "timm_label_smoothing"):
+        got, _ = _value_grad_torch(getattr(zoo, name), _torch(z, "float32"), torch.tensor([0]))
+        ex = exact_smoothed_ce(z[0], 0, 0.1)
+        add(
+            name,
+            "z=(0, -1.7e38 x 4), y=0, float32",
+            got,
+            ex,
+            "inf where the loss is finite (the class sum overflows)",
+            math.isinf(got) and mp.isfinite(ex) and ex < 3.4e38,
+        )
+    z = [[big] * 5]
+    got, g = _value_grad_jax(zoo.t5x_weighted_ce, jnp.asarray(z, jnp.float32), jnp.asarray([0]))
+    ex = exact_softmax_ce(z[0], [1, 0, 0, 0, 0])
+    add(
+        "t5x_weighted_ce",
+        "z=(1.7e38 x 5), y=0, float32",
+        got,
+        ex,
+        "NaN (0 * square(log_z) = 0 * inf) where the loss is log 5",
+        math.isnan(got) and mp.isfinite(ex),
+    )
+    x, t = _torch([[1.0]], "float64"), _torch([[0.0]], "float64")
+    zoo.monai_sigmoid_focal(x, t).backward()
+    got = float(t.grad[0, 0])
+    ex = mp.diff(lambda tt: exact_sigmoid_focal(1, tt, 2), 0)
+    add(
+        "monai_sigmoid_focal",
+        "d/dt at x=1, t=0, float64",
+        got,
+        ex,
+        "target gradient wrong at the result's scale (binary t)",
+        _rel(got, ex) > VISIBLE,
+    )
+    return rows
+
+
 def table(rows) -> str:
     lines = ["entry | input | library gives | exact (mpmath) | claim | holds"]
     for name, where, got, ex, claim, holds in rows:
@@ -350,3 +414,6 @@ def table(rows) -> str:
 
 if __name__ == "__main__":
     print(table(probes()))
+    print()
+    print("written after the oracle ran:")
+    print(table(probes_after()))
