@@ -1,4 +1,4 @@
-# pytorch-toolbelt, MIT License, Copyright (c) 2019 Eugene Khvedchenya
+# pytorch-toolbelt, MIT License, Copyright (c) Eugene Khvedchenya
 # (the repository's LICENSE; the source file carries no header of its own)
 #
 # Permission is hereby granted, free of charge, to any person obtaining a copy of this software
