@@ -129,6 +129,20 @@ def _log_softmax(z):
     return log_p, log_not_p, p, not_p, is_top, s, log1p_s
 
 
+def _softcap(z, softcap):
+    """c = softcap tanh(z / softcap) and dc/dz = sech^2(z / softcap) (``spec._softcap``), or
+    (z, None) without a cap. Infinite logits keep their meaning: -inf a masked class, +inf a NaN
+    row (DESIGN 5), where tanh would make them finite."""
+    if softcap is None:
+        return z, None
+    x = z / softcap
+    # sech^2 x = 4 e / (1 + e)^2, e = exp(-2 |x|): no 1 - tanh^2 cancellation, no overflow
+    e = jnp.exp(-2.0 * jnp.abs(x))
+    dcap = 4.0 * e / ((1.0 + e) * (1.0 + e))
+    c = jnp.where(jnp.isinf(z), z, softcap * jnp.tanh(x))
+    return c, dcap
+
+
 def _focal_phi(log_p, p, not_p, is_top, s, log1p_s):
     """phi(p) = p log p / (1 - p), in [-1, 0]: phi(0) = 0, phi -> -1 as p -> 1.
 
@@ -176,6 +190,22 @@ def _softmax_focal_terms(z, a, gamma):
         axis=-1,
     )
     grad = p * _sum_except_self(v) - not_p * v
+    return loss, grad
+
+
+def _softmax_head_terms(z, a, gamma, z_loss, softcap):
+    """``_softmax_focal_terms`` of the capped logits c plus the z-loss z_loss lse(c)^2, with the
+    gradient w.r.t. the logits: (dl/dc + 2 z_loss lse p) dc/dz (DESIGN 13, see the spec)."""
+    c, dcap = _softcap(z, softcap)
+    loss, grad = _softmax_focal_terms(c, a, gamma)
+    if z_loss != 0.0:
+        lse = jax.nn.logsumexp(c, axis=-1, keepdims=True)
+        loss = loss + z_loss * (lse * lse)[..., 0]
+        # d/dc_j lse^2 = 2 lse p_j, p_j = exp(c_j - lse)
+        grad = grad + (2.0 * z_loss) * lse * jnp.exp(c - lse)
+    if dcap is not None:
+        # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+        grad = grad * dcap
     return loss, grad
 
 
@@ -289,6 +319,13 @@ _softmax_focal_loss = _with_closed_form_grad(_softmax_focal_terms, 1, class_sum=
 _softmax_focal_loss_traced = _with_closed_form_grad(_softmax_focal_terms, 0, class_sum=True)
 
 
+# the LLM head options (Python numbers) are static; a traced gamma differentiable as above
+_softmax_head_loss = _with_closed_form_grad(_softmax_head_terms, 3, class_sum=True)
+
+
+_softmax_head_loss_traced = _with_closed_form_grad(_softmax_head_terms, 2, class_sum=True)
+
+
 _softmax_focal_loss_at = _with_closed_form_grad(_softmax_focal_terms_at, 1, class_sum=True)
 
 
@@ -314,9 +351,15 @@ def _softmax(
     where,
     reduction,
     normalizer,
+    z_loss=0.0,
+    softcap=None,
 ):
     _not_torch(gamma=gamma, label_smoothing=label_smoothing)
     reduction, normalizer = _normalizer(reduction, normalizer)
+    z_loss = _checks.z_loss(z_loss)
+    softcap = _checks.softcap(softcap)
+    # the LLM head options (DESIGN 13) take the dense closed-form path
+    head = z_loss != 0.0 or softcap is not None
     if is_focal:
         gamma = _scalar_option("gamma", gamma)
         weight, alpha = None, class_weight_arg
@@ -338,7 +381,13 @@ def _softmax(
         y = _as_array(targets)
         poison = jnp.where(keep & ((y < 0) | (y >= num_classes)), jnp.nan, 0.0).astype(z.dtype)
         y = jnp.clip(y, 0, num_classes - 1)
-    if is_index and _is_static(label_smoothing) and label_smoothing == 0.0 and _is_static(gamma):
+    if (
+        is_index
+        and not head
+        and _is_static(label_smoothing)
+        and label_smoothing == 0.0
+        and _is_static(gamma)
+    ):
         # one-hot targets: gather the target class instead of forming an N x C one-hot
         a_y = jnp.where(keep, class_weight[y], 0.0) + poison
         if gamma == 0.0:
@@ -350,7 +399,11 @@ def _softmax(
             # ignored elements: logits 0, so that their gradient is 0 even for NaN logits
             z = jnp.where(keep[..., None], z, 0.0) + poison[..., None]
         a = class_weight * t
-        if _is_static(gamma):
+        if head and _is_static(gamma):
+            loss = _softmax_head_loss(z, a, gamma, z_loss, softcap)
+        elif head:
+            loss = _softmax_head_loss_traced(z, a, gamma, z_loss, softcap)
+        elif _is_static(gamma):
             loss = _softmax_focal_loss(z, a, gamma)
         else:
             loss = _softmax_focal_loss_traced(z, a, gamma)
@@ -370,6 +423,20 @@ def _softmax(
 # ----------------------------------------------------------------------------------------------
 # The class axis split over a mesh axis (DESIGN 12, ``axis_name=``)
 # ----------------------------------------------------------------------------------------------
+
+
+def _sharded_refuses(z_loss, softcap):
+    """The LLM head options are not implemented over a mesh axis: one sentence each."""
+    if _checks.z_loss(z_loss) != 0.0:
+        raise ValueError(
+            "`z_loss` is not supported with `axis_name` (yet): pass 0.0. "
+            f"Received: z_loss={z_loss!r}."
+        )
+    if _checks.softcap(softcap) is not None:
+        raise ValueError(
+            "`softcap` is not supported with `axis_name` (yet): pass None. "
+            f"Received: softcap={softcap!r}."
+        )
 
 
 def _sharded_top(x, offset, axis_name):
@@ -537,6 +604,8 @@ def softmax_cross_entropy(
     where: ArrayLike | None = None,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     axis_name: Hashable | None = None,
 ) -> jax.Array:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics; see ``spec`` for the math.
@@ -550,11 +619,14 @@ def softmax_cross_entropy(
     (docs/scaling.md): the logits (and probability targets, a class `where`) are this device's
     contiguous slice, class-index targets stay global, `weight` is the whole vector; the row
     sums are reduced with pmax/psum of per-row scalars, never a gathered row.
+    `z_loss` and `softcap` (DESIGN 13, Python numbers, see the spec) take the dense closed-form
+    path; with `axis_name` they raise.
     """
     arguments = (logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where)
     if axis_name is not None:
+        _sharded_refuses(z_loss, softcap)
         return _sharded_softmax(*arguments, reduction, normalizer, axis_name)
-    return _softmax(*arguments, reduction, normalizer)
+    return _softmax(*arguments, reduction, normalizer, z_loss, softcap)
 
 
 def softmax_focal_loss(
@@ -569,6 +641,8 @@ def softmax_focal_loss(
     where: ArrayLike | None = None,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     axis_name: Hashable | None = None,
 ) -> jax.Array:
     """Softmax focal loss (Lin et al.); see ``spec.softmax_focal_loss`` for the math.
@@ -577,11 +651,13 @@ def softmax_focal_loss(
     `gamma`, `alpha` and `label_smoothing` may be traced (jit arguments, vmap, grad w.r.t.
     them); a Python gamma = 0 takes the exact cross-entropy branch. `axis_name`: the class
     dimension split over that mesh axis, as ``softmax_cross_entropy`` (`alpha` the whole vector).
+    `z_loss`, `softcap`: as ``softmax_cross_entropy``.
     """
     arguments = (logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where)
     if axis_name is not None:
+        _sharded_refuses(z_loss, softcap)
         return _sharded_softmax(*arguments, reduction, normalizer, axis_name)
-    return _softmax(*arguments, reduction, normalizer)
+    return _softmax(*arguments, reduction, normalizer, z_loss, softcap)
 
 
 def softmax_cross_entropy_with_integer_labels(

@@ -168,7 +168,7 @@ def _linear_chunks(
                 continue
             grad = z
         elif dense:
-            options = (1, gamma, ignore_index, label_smoothing)
+            options = (1, gamma, ignore_index, label_smoothing, 0.0, None)
             block_loss = _softmax_loss_or_grad(z, y_block, None, class_weight, *options, None)
             grad = None
             if block_grad is not None:
