@@ -280,3 +280,56 @@ def test_axis_name_refuses_the_options_in_one_sentence(loss, head, message):
 
     with pytest.raises(ValueError, match=message):
         getattr(ji, loss)(np.zeros((4, 5), np.float32), np.arange(4), axis_name="x", **head)
+
+
+# ----------------------------------------------------------------------------------------------
+# The fused linear losses: the options per row block, judged by the linear oracle's strict bound
+# ----------------------------------------------------------------------------------------------
+
+LINEAR_HEAD = [
+    ("linear_softmax_cross_entropy", {"z_loss": 1e-4, "softcap": 30.0}),
+    ("linear_softmax_cross_entropy", {"z_loss": 0.5, "softcap": 0.5, "label_smoothing": 0.1}),
+    ("linear_softmax_focal_loss", {"gamma": 2.0, "z_loss": 1e-3}),
+    ("linear_softmax_focal_loss", {"gamma": 0.5, "softcap": 15.0, "alpha": "vector"}),
+]
+LINEAR_REGIONS = ("typical", "huge_norms", "ignored", "confident", "half_overflow")
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize(("name", "options"), LINEAR_HEAD, ids=repr)
+def test_fused_linear_head_options_meet_the_strict_bound(name, options, backend, reduction, dtype):
+    from dualloss.parity import linear as L
+
+    for case in L.make_cases(name, options, regions=LINEAR_REGIONS):
+        prep = L.prepare(case, dtype)
+        fn = L.ours(backend, name, dict(prep.options, chunk_size=16), reduction)
+        prep.options["reduction"] = reduction
+        outcome = L.run(fn, backend, prep)
+        assert outcome.error is None, outcome.error
+        judgement = L.judge(name, prep, outcome, "strict")
+        context = f"[{backend}.{name}({options}), {dtype}, {case.region}, {reduction}]"
+        assert judgement.kind == "ok", f"{context}: " + "; ".join(judgement.problems)
+
+
+@pytest.mark.parametrize("name", ["linear_softmax_cross_entropy", "linear_softmax_focal_loss"])
+def test_fused_linear_options_never_form_the_logits(name, monkeypatch):
+    """No tensor of the (N, V) logits' size is created with the options (blocks of 8 rows)."""
+    from dualloss.torch_impl import linear as torch_linear
+
+    sizes = []
+    real = torch_linear._softmax_loss_or_grad
+
+    def spy(z, *args):
+        sizes.append(tuple(z.shape))
+        return real(z, *args)
+
+    monkeypatch.setattr(torch_linear, "_softmax_loss_or_grad", spy)
+    g = torch.Generator().manual_seed(0)
+    h = torch.randn(64, 8, generator=g, requires_grad=True)
+    w = torch.randn(50, 8, generator=g, requires_grad=True)
+    y = torch.randint(0, 50, (64,), generator=g)
+    loss = getattr(ti, name)(h, w, y, z_loss=1e-3, softcap=5.0, chunk_size=8)
+    loss.backward()
+    assert sizes and all(rows <= 8 for rows, _ in sizes), sizes
