@@ -116,6 +116,13 @@ def softcap(softcap: object) -> float | None:
     return value
 
 
+def return_aux(return_aux: object) -> bool:
+    """`return_aux`: True or False (a NumPy bool too)."""
+    if not isinstance(return_aux, (bool, np.bool_)):
+        raise TypeError(f"`return_aux` must be True or False. Received: return_aux={return_aux!r}.")
+    return bool(return_aux)
+
+
 def unit_interval_rule(name: str) -> str:
     return f"`{name}` must be in [0, 1]."
 

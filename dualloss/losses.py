@@ -241,6 +241,8 @@ AXIS = Option("axis", "index", -1, -1)
 # the LLM head options (DESIGN 13): the z-loss weight and the logit cap (None: no cap)
 Z_LOSS = Option("z_loss", "real", 0.0, 0.0, low=0.0)
 SOFTCAP = Option("softcap", "real", None, None, low=0.0)
+# (loss, {'lse', 'z_term', 'correct'}): the per-element statistics of the same pass
+RETURN_AUX = Option("return_aux", "choice", False, False, choices=(False, True))
 
 # the error inputs every loss of a family shares (messages of ``dualloss._checks``)
 _REDUCTION_ERROR = ErrorInput(
@@ -403,6 +405,7 @@ SOFTMAX_CROSS_ENTROPY = LossInfo(
         NORMALIZER,
         Z_LOSS,
         SOFTCAP,
+        RETURN_AUX,
     ),
     differentiable=("logits", "targets", "weight", "label_smoothing"),
     regions=REGIONS,
@@ -448,6 +451,7 @@ SOFTMAX_FOCAL_LOSS = LossInfo(
         NORMALIZER,
         Z_LOSS,
         SOFTCAP,
+        RETURN_AUX,
     ),
     differentiable=("logits", "targets", "gamma", "alpha", "label_smoothing"),
     regions=REGIONS,

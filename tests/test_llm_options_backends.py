@@ -333,3 +333,106 @@ def test_fused_linear_options_never_form_the_logits(name, monkeypatch):
     loss = getattr(ti, name)(h, w, y, z_loss=1e-3, softcap=5.0, chunk_size=8)
     loss.backward()
     assert sizes and all(rows <= 8 for rows, _ in sizes), sizes
+
+
+# ----------------------------------------------------------------------------------------------
+# return_aux: the per-element statistics against the spec's
+# ----------------------------------------------------------------------------------------------
+
+AUX_OPTIONS = [{}, {"z_loss": 1e-3, "softcap": 30.0}, {"z_loss": 0.5, "where": "mask"}]
+UNIT = {"float64": 2.0**-53, "float32": 2.0**-24, "float16": 2.0**-11, "bfloat16": 2.0**-8}
+
+
+def _aux_tolerance(name, expected, c_max, n, z_loss, dtype, cap):
+    """lse = c_top + log(sum exp(c - c_top)) in the working precision: the shift rounds each
+    c_k - c_top (one ULP of the largest |c|, CAP_ULPS of them for computed capped logits, as
+    ``parity.tolerance``), plus 8 ULPs of its own; the z-term 2 z_loss |lse| times that plus 8
+    ULPs; 'correct' is exact per element; a reduction adds pairwise summation of n terms; half
+    dtypes one rounding at the end."""
+    from dualloss.parity.tolerance import CAP_ULPS
+
+    work = "float32" if dtype in ("float16", "bfloat16") else dtype
+    u = UNIT[work]
+    shift = (CAP_ULPS if cap else 1.0) * 2.0 * u * c_max
+    lse_tol = shift + 8 * u * np.abs(expected["lse"])
+    tol = {
+        "lse": lse_tol,
+        "z_term": 2 * z_loss * np.abs(expected["lse"]) * lse_tol + 8 * u * expected["z_term"],
+        "correct": 8 * u * np.abs(expected["correct"]),
+    }
+    if np.ndim(expected["lse"]) == 0:
+        tol = {k: v * n + (1 + np.ceil(np.log2(n))) * u * np.abs(expected[k]) * n
+               for k, v in tol.items()}  # fmt: skip
+    if dtype != work:
+        tol = {k: v + UNIT[dtype] * np.abs(expected[k]) for k, v in tol.items()}
+    return tol
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("kind", ["index", "prob"])
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize("loss", LOSSES)
+def test_return_aux_matches_the_spec(loss, backend, kind, reduction, dtype):
+    from dualloss import spec
+
+    for head in AUX_OPTIONS:
+        logits, targets, options = _prepare(loss, kind, {}, head, scale=4.0)
+        options["reduction"] = reduction
+        if backend == "torch":
+            run = _torch_run
+            torch_dtype = getattr(torch, dtype)
+            z, t, spec_options, _, _ = run(loss, logits, targets, options, torch_dtype)
+            kw = {k: (torch.tensor(v) if isinstance(v, np.ndarray) else v)
+                  for k, v in spec_options.items()}  # fmt: skip
+            zt = torch.tensor(z).to(torch_dtype)
+            tt = torch.tensor(t).to(torch_dtype) if t.dtype.kind == "f" else torch.tensor(t)
+            value, aux = getattr(ti, loss)(zt, tt, axis=1, return_aux=True, **kw)
+            got = {k: v.double().numpy() for k, v in aux.items()}
+            spec_options = dict(spec_options, axis=1)
+        else:
+            z, t, spec_options, _, _ = _jax_run(loss, logits, targets, options, dtype)
+            import jax
+            import jax.numpy as jnp
+
+            from dualloss import jax_impl as ji
+
+            with jax.enable_x64(dtype == "float64"):
+                kw = {k: (jnp.asarray(v, dtype) if isinstance(v, np.ndarray) and v.dtype.kind
+                          == "f" else v) for k, v in spec_options.items()}  # fmt: skip
+                tj = jnp.asarray(t, dtype) if t.dtype.kind == "f" else jnp.asarray(t)
+                value, aux = getattr(ji, loss)(jnp.asarray(z, dtype), tj, return_aux=True, **kw)
+                got = {k: np.asarray(v.astype(jnp.float32) if dtype != "float64" else v,
+                                     np.float64) for k, v in aux.items()}  # fmt: skip
+        expected_value, expected = getattr(spec, loss)(z, t, return_aux=True, **spec_options)
+        cap = spec_options.get("softcap")
+        c = np.abs(cap * np.tanh(z / cap)) if cap else np.abs(z)
+        tol = _aux_tolerance(loss, expected, c.max(), z.shape[0], spec_options.get("z_loss", 0.0),
+                             dtype, cap)  # fmt: skip
+        for key in ("lse", "z_term", "correct"):
+            err = np.abs(got[key] - expected[key])
+            assert np.all(err <= tol[key]), (
+                f"{backend}.{loss}({head}, {kind}, {reduction}, {dtype}) aux[{key!r}] = "
+                f"{got[key]}, spec {expected[key]}"
+            )
+        if reduction == "none":
+            assert np.array_equal(got["correct"], expected["correct"])
+
+
+def test_return_aux_correct_is_the_token_accuracy_and_ignores_ignored_rows():
+    logits = torch.tensor([[3.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 1.0], [5.0, 0.0, 0.0]])
+    targets = torch.tensor([0, 0, 2, -100])
+    weight = torch.tensor([4.0, 1.0, 1.0])
+    _, aux = ti.softmax_cross_entropy(logits, targets, weight=weight, return_aux=True)
+    assert float(aux["correct"]) == pytest.approx(2.0 / 3.0)
+    _, aux = ti.softmax_cross_entropy(logits, targets, reduction="none", return_aux=True)
+    assert aux["correct"].tolist() == [1.0, 0.0, 1.0, 0.0] and float(aux["lse"][3]) == 0.0
+
+
+def test_return_aux_takes_no_gradient_and_refuses_non_booleans():
+    x = torch.randn(4, 5, requires_grad=True)
+    loss, aux = ti.softmax_focal_loss(x, torch.arange(4), z_loss=0.1, return_aux=True)
+    assert not any(v.requires_grad for v in aux.values())
+    loss.backward()
+    with pytest.raises(TypeError, match=r"^`return_aux` must be True or False\. Received: "):
+        ti.softmax_cross_entropy(x, torch.arange(4), return_aux="yes")

@@ -353,8 +353,10 @@ def _softmax(
     normalizer,
     z_loss=0.0,
     softcap=None,
+    return_aux=False,
 ):
     _not_torch(gamma=gamma, label_smoothing=label_smoothing)
+    return_aux = _checks.return_aux(return_aux)
     reduction, normalizer = _normalizer(reduction, normalizer)
     z_loss = _checks.z_loss(z_loss)
     softcap = _checks.softcap(softcap)
@@ -376,6 +378,8 @@ def _softmax(
         # elements left out (no class left, target outside `where`): logits 0, so that their
         # loss and gradient are 0, not NaN from a row of -inf
         z = jnp.where(keep[..., None], z, 0.0)
+    if return_aux:
+        aux = _softmax_aux(z, t, targets, keep, is_index, z_loss, softcap, reduction, normalizer)
     if is_index:
         # an index outside [0, C) cannot raise under jit: its element's loss and gradient are NaN
         y = _as_array(targets)
@@ -417,7 +421,26 @@ def _softmax(
         # plain mean over the kept elements (for probability targets: those with a class left)
         denominator = jnp.sum(keep)
     loss = _reduce(loss, reduction, _mean_divisor(denominator, normalizer))
-    return loss.astype(_as_array(logits).dtype)
+    dtype = _as_array(logits).dtype
+    if return_aux:
+        return loss.astype(dtype), {key: value.astype(dtype) for key, value in aux.items()}
+    return loss.astype(dtype)
+
+
+def _softmax_aux(z, t, targets, keep, is_index, z_loss, softcap, reduction, normalizer):
+    """``return_aux``'s statistics (``spec._aux``): per-element lse of the capped logits, the
+    z-term and whether the largest logit is the target class (0 where not kept), reduced as the
+    spec says; no gradient flows through them (stop_gradient)."""
+    z = jax.lax.stop_gradient(z)
+    c, _ = _softcap(z, softcap)
+    lse = jnp.where(keep, jax.nn.logsumexp(c, axis=-1), 0.0)
+    # the largest logit (the first on ties) on the target class; for probability targets the
+    # class of the largest target mass (smoothing keeps it)
+    target_class = _as_array(targets) if is_index else jnp.argmax(t, axis=-1)
+    correct = keep & (jnp.argmax(z, axis=-1) == target_class)
+    stats = {"lse": lse, "z_term": z_loss * lse * lse, "correct": correct.astype(lse.dtype)}
+    divisor = _mean_divisor(jnp.sum(keep), normalizer)
+    return {key: _reduce(value, reduction, divisor) for key, value in stats.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -425,8 +448,13 @@ def _softmax(
 # ----------------------------------------------------------------------------------------------
 
 
-def _sharded_refuses(z_loss, softcap):
+def _sharded_refuses(z_loss, softcap, return_aux):
     """The LLM head options are not implemented over a mesh axis: one sentence each."""
+    if _checks.return_aux(return_aux):
+        raise ValueError(
+            "`return_aux` is not supported with `axis_name` (yet): pass False. "
+            "Received: return_aux=True."
+        )
     if _checks.z_loss(z_loss) != 0.0:
         raise ValueError(
             "`z_loss` is not supported with `axis_name` (yet): pass 0.0. "
@@ -606,8 +634,9 @@ def softmax_cross_entropy(
     normalizer: ArrayLike | float | None = None,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    return_aux: bool = False,
     axis_name: Hashable | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, dict]:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics; see ``spec`` for the math.
 
     Class axis -1 by default. Computed in the logits dtype (float32 for float16/bfloat16) and
@@ -620,13 +649,14 @@ def softmax_cross_entropy(
     contiguous slice, class-index targets stay global, `weight` is the whole vector; the row
     sums are reduced with pmax/psum of per-row scalars, never a gathered row.
     `z_loss` and `softcap` (DESIGN 13, Python numbers, see the spec) take the dense closed-form
-    path; with `axis_name` they raise.
+    path; with `axis_name` they raise. `return_aux=True` returns (loss, {'lse', 'z_term',
+    'correct'}) as the spec, in the logits' dtype (no gradient through them).
     """
     arguments = (logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where)
     if axis_name is not None:
-        _sharded_refuses(z_loss, softcap)
+        _sharded_refuses(z_loss, softcap, return_aux)
         return _sharded_softmax(*arguments, reduction, normalizer, axis_name)
-    return _softmax(*arguments, reduction, normalizer, z_loss, softcap)
+    return _softmax(*arguments, reduction, normalizer, z_loss, softcap, return_aux)
 
 
 def softmax_focal_loss(
@@ -643,8 +673,9 @@ def softmax_focal_loss(
     normalizer: ArrayLike | float | None = None,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    return_aux: bool = False,
     axis_name: Hashable | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, dict]:
     """Softmax focal loss (Lin et al.); see ``spec.softmax_focal_loss`` for the math.
 
     Class axis -1 by default; dtypes, gradients and bad indices as ``softmax_cross_entropy``.
@@ -655,9 +686,9 @@ def softmax_focal_loss(
     """
     arguments = (logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where)
     if axis_name is not None:
-        _sharded_refuses(z_loss, softcap)
+        _sharded_refuses(z_loss, softcap, return_aux)
         return _sharded_softmax(*arguments, reduction, normalizer, axis_name)
-    return _softmax(*arguments, reduction, normalizer, z_loss, softcap)
+    return _softmax(*arguments, reduction, normalizer, z_loss, softcap, return_aux)
 
 
 def softmax_cross_entropy_with_integer_labels(

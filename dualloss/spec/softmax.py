@@ -73,6 +73,8 @@ class SoftmaxIntermediates(NamedTuple):
     capped_grad: np.ndarray | None = None
     z_loss: float = 0.0
     softcap: float | None = None
+    # whether the largest logit is the target class (``return_aux``), False where not kept
+    correct: np.ndarray | None = None
 
 
 def _log_softmax(z):
@@ -240,6 +242,7 @@ def _softmax(
     return loss, np.moveaxis(grad, -1, elements.axis)
 
 
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
 def _softmax_elements(
     logits,
     targets,
@@ -289,6 +292,14 @@ def _softmax_elements(
         z_term=np.where(keep, terms.z_term, 0.0),
     )
     capped_grad = np.where(keep[..., None] & valid, capped_grad, 0.0)
+    # ``return_aux``: the largest logit (the first on ties) on the target class; for probability
+    # targets the class of the largest target mass (smoothing keeps it)
+    top_class = np.argmax(raw, axis=-1)
+    if is_index:
+        target_class = np.where(keep, _as_array(targets), 0)
+    else:
+        target_class = np.argmax(t, axis=-1)
+    correct = keep & (top_class == target_class)
     return SoftmaxIntermediates(
         terms,
         z,
@@ -302,7 +313,30 @@ def _softmax_elements(
         capped_grad,
         z_loss,
         softcap,
+        correct,
     )
+
+
+def _softmax_aux(elements, reduction, normalizer):
+    """``return_aux``'s statistics: {'lse', 'z_term', 'correct'} per element for reduction 'none'
+    (0 where not kept), summed over the kept elements for 'sum', and for 'mean' that sum over
+    the number of kept elements (so 'correct' is the token accuracy; 0 when none is kept) or
+    over `normalizer` when given."""
+    terms = elements.terms
+    stats = {
+        "lse": terms.lse,
+        "z_term": terms.z_term,
+        "correct": elements.correct.astype(np.float64),
+    }
+    if reduction == "none":
+        return stats
+    sums = {key: np.sum(value) for key, value in stats.items()}
+    if normalizer is not None:
+        return {key: _normalize(value, normalizer) for key, value in sums.items()}
+    if reduction == "sum":
+        return sums
+    count = np.sum(elements.keep)
+    return {key: value / count if count else np.float64(0.0) for key, value in sums.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -323,7 +357,8 @@ def softmax_cross_entropy(
     normalizer: ArrayLike | float | None = None,
     z_loss: float = 0.0,
     softcap: float | None = None,
-) -> np.ndarray:
+    return_aux: bool = False,
+) -> np.ndarray | tuple[np.ndarray, dict]:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics, computed in float64.
 
     l = -sum_c w_c t~_c log p_c,  p = softmax(logits) along `axis`,
@@ -361,9 +396,17 @@ def softmax_cross_entropy(
         c = softcap * tanh(logits / softcap), and the loss (with its z-term) is taken of c; the
         gradient carries dc/dz = sech^2(logits / softcap). Infinite logits keep their meaning
         (-inf a masked class, +inf a NaN element), as without the cap.
+      return_aux: also return the per-element statistics trainers log, from the same pass:
+        (loss, {'lse': logsumexp(c), 'z_term': z_loss lse**2, 'correct': 1.0 where the largest
+        logit (the first on ties) is the target class, for probability targets the class of the
+        largest target}), 0 where not kept; reduced as `reduction` says: per element for
+        'none', summed over the kept elements for 'sum', that sum over their number for 'mean'
+        (so 'correct' is the token accuracy, whatever the weights) or over `normalizer`.
+        No gradient flows through them.
 
     Returns:
-      float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise.
+      float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise;
+      with `return_aux`, (loss, aux).
 
     Example:
       >>> round(float(softmax_cross_entropy(np.array([[2.0, 0.0, -1.0]]), np.array([0]))), 6)
@@ -388,6 +431,12 @@ def softmax_cross_entropy(
         z_loss,
         softcap,
     )
+    if _checks.return_aux(return_aux):
+        elements = _softmax_elements(
+            logits, targets, axis, weight, None, 0.0, False, ignore_index, label_smoothing,
+            where, z_loss, softcap,
+        )  # fmt: skip
+        return _normalize(loss, normalizer), _softmax_aux(elements, reduction, normalizer)
     return _normalize(loss, normalizer)
 
 
@@ -487,7 +536,8 @@ def softmax_focal_loss(
     normalizer: ArrayLike | float | None = None,
     z_loss: float = 0.0,
     softcap: float | None = None,
-) -> np.ndarray:
+    return_aux: bool = False,
+) -> np.ndarray | tuple[np.ndarray, dict]:
     """Softmax focal loss (Lin et al.), computed in float64.
 
     l = -sum_c a_c (1 - p_c)^gamma log p_c,  a_c = alpha_c t~_c,  p = softmax(logits).
@@ -504,6 +554,7 @@ def softmax_focal_loss(
       normalizer: as ``softmax_cross_entropy``: 'mean' divides the sum by it instead.
       z_loss, softcap: as ``softmax_cross_entropy``: l = focal(c) + z_loss logsumexp(c)**2 with
         c = softcap tanh(logits / softcap) (c = logits without a cap).
+      return_aux: as ``softmax_cross_entropy``: (loss, {'lse', 'z_term', 'correct'}).
 
     Returns:
       float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise.
@@ -530,6 +581,12 @@ def softmax_focal_loss(
         z_loss,
         softcap,
     )
+    if _checks.return_aux(return_aux):
+        elements = _softmax_elements(
+            logits, targets, axis, None, alpha, gamma, True, ignore_index, label_smoothing,
+            where, z_loss, softcap,
+        )  # fmt: skip
+        return _normalize(loss, normalizer), _softmax_aux(elements, reduction, normalizer)
     return _normalize(loss, normalizer)
 
 

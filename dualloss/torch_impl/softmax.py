@@ -754,11 +754,30 @@ def _softmax(
     normalizer,
     z_loss,
     softcap,
+    return_aux,
     process_group,
 ):
     reduction, normalizer = _normalizer(reduction, normalizer)
     z_loss = _checks.z_loss(z_loss)
     softcap = _checks.softcap(softcap)
+    if _checks.return_aux(return_aux):
+        if process_group is not None or _is_dtensor(logits):
+            raise ValueError(
+                "`return_aux` is not supported with `process_group` (yet): pass False. "
+                "Received: return_aux=True."
+            )
+        loss = _softmax(
+            logits, targets, axis, class_weight_arg, gamma, is_focal, ignore_index,
+            label_smoothing, where, reduction, normalizer, z_loss, softcap, False, None,
+        )  # fmt: skip
+        logits, targets, where, _, axis, ignore_index, _, is_index = _softmax_inputs(
+            logits, targets, axis, None, None, ignore_index, label_smoothing, where, None
+        )
+        aux = _softmax_aux(
+            logits, targets, where, axis, ignore_index, is_index, z_loss, softcap, reduction,
+            normalizer,
+        )  # fmt: skip
+        return loss, aux
     # the LLM head options (DESIGN 13) take the closed-form eager path
     head_options = z_loss != 0.0 or softcap is not None
     if is_focal:
@@ -822,6 +841,35 @@ def _softmax(
     )  # fmt: skip
 
 
+def _softmax_aux(
+    logits, targets, where, axis, ignore_index, is_index, z_loss, softcap, reduction, normalizer
+):
+    """``return_aux``'s statistics (``spec._aux``): per-element lse of the capped logits, the
+    z-term and whether the largest logit is the target class (0 where not kept), reduced as the
+    spec says, in the logits' dtype; no gradient flows through them."""
+    with torch.no_grad():
+        if targets.is_floating_point():
+            targets = targets.detach()
+        z, a, y, _, keep, _ = _softmax_targets(
+            logits.detach(), targets, where, None, axis, ignore_index, 0.0
+        )
+        c, _ = _softcap(z, softcap)
+        lse = torch.logsumexp(c, dim=-1)
+        # the largest logit (the first on ties) on the target class; for probability targets
+        # the class of the largest target mass
+        target_class = y.squeeze(-1) if is_index else torch.argmax(a, dim=-1)
+        correct = torch.argmax(z, dim=-1) == target_class
+        if keep is not None:
+            correct = correct & keep
+            lse = torch.where(keep, lse, 0.0)
+        stats = {"lse": lse, "z_term": z_loss * lse * lse, "correct": correct.to(lse.dtype)}
+        count = lse.numel() if keep is None else keep.sum()
+        divisor = _mean_divisor(count, normalizer)
+        return {
+            key: _reduce(value, reduction, divisor).to(logits.dtype) for key, value in stats.items()
+        }
+
+
 def _softmax_reduce(
     loss, logits, targets, where, class_weight, axis, ignore_index, is_index, is_focal, reduction,
     normalizer,
@@ -867,8 +915,9 @@ def softmax_cross_entropy(
     normalizer: Tensor | float | None = None,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    return_aux: bool = False,
     process_group: dist.ProcessGroup | None = None,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, dict]:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics (``spec.softmax_cross_entropy``).
 
     Differs from the spec: class axis default 1 (torch layout); the result is a tensor in the
@@ -886,7 +935,8 @@ def softmax_cross_entropy(
     DTensor). Class-index targets only; no `label_smoothing`, no `where` (use -inf logits), not
     twice differentiable. `z_loss` and `softcap` (DESIGN 13, see the spec) take the eager
     closed-form path (not the Triton kernel, not the class-index fast path); with
-    `process_group` they raise.
+    `process_group` they raise. `return_aux=True` returns (loss, {'lse', 'z_term',
+    'correct'}) as the spec, in the logits' dtype (one more logsumexp pass, no gradient).
     """
     return _softmax(
         logits,
@@ -902,6 +952,7 @@ def softmax_cross_entropy(
         normalizer,
         z_loss,
         softcap,
+        return_aux,
         process_group,
     )
 
@@ -920,8 +971,9 @@ def softmax_focal_loss(
     normalizer: Tensor | float | None = None,
     z_loss: float = 0.0,
     softcap: float | None = None,
+    return_aux: bool = False,
     process_group: dist.ProcessGroup | None = None,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, dict]:
     """Softmax focal loss (see ``spec.softmax_focal_loss``), class axis default 1.
 
     Result in the logits' dtype (half precision computed in float32), closed-form gradient,
@@ -943,5 +995,6 @@ def softmax_focal_loss(
         normalizer,
         z_loss,
         softcap,
+        return_aux,
         process_group,
     )
