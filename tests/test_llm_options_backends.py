@@ -436,3 +436,49 @@ def test_return_aux_takes_no_gradient_and_refuses_non_booleans():
     loss.backward()
     with pytest.raises(TypeError, match=r"^`return_aux` must be True or False\. Received: "):
         ti.softmax_cross_entropy(x, torch.arange(4), return_aux="yes")
+
+
+# ----------------------------------------------------------------------------------------------
+# The oracle: the hand-written soft-capped, z-lossed loss as a client
+# ----------------------------------------------------------------------------------------------
+
+CAP, ZL = 30.0, 1e-4
+
+
+def hand_written(logits, targets):
+    """What users write around F.cross_entropy (Gemma 2's cap, PaLM's z-loss), in bfloat16."""
+    import torch.nn.functional as F
+
+    c = CAP * torch.tanh(logits / CAP)
+    return F.cross_entropy(c, targets) + ZL * torch.logsumexp(c, -1).pow(2).mean()
+
+
+def test_check_flags_the_hand_written_composition_with_a_reproducer():
+    """Its z-term averages over every row, ignored ones included: a padding row's logits get a
+    gradient (and an all-ignored batch a NaN loss). check finds it in bfloat16, names the region
+    and gives a line that reproduces it."""
+    from dualloss import parity
+
+    report = parity.check(
+        hand_written, "softmax_cross_entropy", backend="torch",
+        options={"z_loss": ZL, "softcap": CAP}, dtypes=["bfloat16"], grads="logits",
+    )  # fmt: skip
+    assert not report.ok
+    regions = {hazard.region for hazard in report.hazards}
+    assert "all_ignored" in regions, str(report)
+    reproducer = next(h for h in report.hazards if h.region == "all_ignored").failure.reproducer
+    assert "hand_written(x, t)" in reproducer and "bfloat16" in reproducer
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_check_passes_ours_with_the_options_under_the_strict_standard(loss):
+    from dualloss import parity
+
+    def ours(logits, targets):
+        return getattr(ti, loss)(logits, targets, z_loss=ZL, softcap=CAP)
+
+    report = parity.check(
+        ours, loss, backend="torch", options={"z_loss": ZL, "softcap": CAP},
+        dtypes=["bfloat16", "float32"], standard="strict", grads="logits",
+    )  # fmt: skip
+    assert report.ok, str(report)
