@@ -183,6 +183,9 @@ BACKEND_EXTRAS = {
         # the LLM head options (DESIGN 13): the z-term (the spec's in ``_softmax_focal_terms``),
         # refused over a process group
         "_z_term", "_vocab_parallel_refuses",
+        # the softmax losses' option path: the cap and the z-term as closed-form Functions around
+        # the plain loss's own paths
+        "_SoftCap", "_ZTerm", "_softmax_head",
     },
 }  # fmt: skip
 # what the spec has that a backend does not: the judge's per-element intermediates, and the

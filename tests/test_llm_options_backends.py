@@ -482,3 +482,18 @@ def test_check_passes_ours_with_the_options_under_the_strict_standard(loss):
         dtypes=["bfloat16", "float32"], standard="strict", grads="logits",
     )  # fmt: skip
     assert report.ok, str(report)
+
+
+@pytest.mark.parametrize("loss", LOSSES)
+def test_torch_options_pass_gradcheck_and_gradgradcheck(loss):
+    """The cap and the z-term's closed-form backward, and their create_graph branch, against
+    finite differences (float64)."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(4, 5, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    t = torch.tensor([0, 2, -100, 4])
+
+    def fn(x):
+        return getattr(ti, loss)(x, t, z_loss=0.3, softcap=2.5, reduction="sum")
+
+    assert torch.autograd.gradcheck(fn, (x,))
+    assert torch.autograd.gradgradcheck(fn, (x,))

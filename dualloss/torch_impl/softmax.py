@@ -686,6 +686,95 @@ class _VocabParallel(torch.autograd.Function):
         return grad, None, None, None, None, None, None
 
 
+class _SoftCap(torch.autograd.Function):
+    """c = softcap tanh(z / softcap) (``_softcap``: -inf stays a masked class, +inf a NaN row),
+    with the closed-form backward dc/dz = sech^2(z / softcap) = 4 e / (1 + e)^2,
+    e = exp(-2 |z / softcap|): no 1 - tanh^2 cancellation where the logits are far beyond the
+    cap (autograd's tanh backward loses every digit of sech^2 there). Works on one fresh
+    temporary each way (in place where no graph of the backward is recorded)."""
+
+    @staticmethod
+    def forward(ctx, z, softcap):
+        ctx.save_for_backward(z)
+        ctx.softcap = softcap
+        c = (z / softcap).tanh_().mul_(softcap)
+        return torch.where(torch.isinf(z), z, c)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (z,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph: out of place, differentiable
+            return grad * _softcap(z, ctx.softcap)[1], None
+        # e = exp(-2 |x|), then sech^2 x = 4 e / (1 + e)^2, in the quotient's buffer
+        e = (z / ctx.softcap).abs_().mul_(-2.0).exp_()
+        denominator = (e + 1.0).square_()
+        return e.mul_(4.0).div_(denominator).mul_(grad), None
+
+
+class _ZTerm(torch.autograd.Function):
+    """z_loss lse(c)^2 per element, 0 where not `keep` (class axis last); backward the closed
+    form 2 z_loss lse p_j (``spec._softmax_focal_terms``), 0 on rows not kept whatever their
+    logits (NaN included), in one fresh buffer."""
+
+    @staticmethod
+    def forward(ctx, c, keep, z_loss):
+        lse = torch.logsumexp(c, dim=-1, keepdim=True)
+        ctx.save_for_backward(c, lse, keep)
+        ctx.z_loss = z_loss
+        z_term = z_loss * (lse * lse).squeeze(-1)
+        return z_term if keep is None else torch.where(keep, z_term, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        c, lse, keep = ctx.saved_tensors
+        coefficient = (2.0 * ctx.z_loss) * lse * grad.unsqueeze(-1)
+        if torch.is_grad_enabled():
+            # create_graph: out of place, differentiable (lse recomputed inside the graph)
+            lse = torch.logsumexp(c, dim=-1, keepdim=True)
+            coefficient = (2.0 * ctx.z_loss) * lse * grad.unsqueeze(-1)
+            result = torch.exp(c - lse) * coefficient
+            return (
+                (result if keep is None else torch.where(keep.unsqueeze(-1), result, 0.0)),
+                None,
+                None,
+            )
+        # p_j = exp(c_j - lse)
+        result = (c - lse).exp_().mul_(coefficient)
+        if keep is not None:
+            result.masked_fill_(~keep.unsqueeze(-1), 0.0)
+        return result, None, None
+
+
+def _softmax_head(
+    logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, is_index,
+    z_loss, softcap,
+):  # fmt: skip
+    """The per-element loss with the LLM head options (DESIGN 13): the loss of the capped
+    logits c through the plain loss's own paths (the class-index fast path where it applies),
+    plus z_loss lse(c)^2 on the kept elements. Each part has its closed-form derivative: the cap
+    ``_SoftCap``, the loss its own, the z-term ``_ZTerm`` (2 z_loss lse p). Computed in float32
+    for half inputs (c is a float32 temporary)."""
+    c = logits.to(_compute_dtype(logits.dtype))
+    if softcap is not None:
+        c = _SoftCap.apply(c, softcap)
+    if _at_target(c, class_weight, label_smoothing, is_index):
+        loss = _softmax_at_target(c, targets, where, class_weight, axis, gamma, ignore_index)
+    else:
+        loss = _softmax_focal_loss(
+            c, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, 0.0, None
+        )
+    if z_loss == 0.0:
+        return loss
+    c = c.movedim(axis, -1)
+    valid = None if where is None else where.expand(logits.shape).movedim(axis, -1)
+    keep = _softmax_keep(targets, valid, ignore_index, is_index)
+    if valid is not None:
+        # classes outside `where` leave the softmax: a logit of -inf
+        c = c.masked_fill(~valid, -math.inf)
+    return loss + _ZTerm.apply(c, keep, z_loss)
+
+
 def _vocab_parallel_refuses(z_loss, softcap):
     """The LLM head options are not implemented over a process group: one sentence each."""
     if z_loss != 0.0:
@@ -828,12 +917,17 @@ def _softmax(
         if normalizer is not None:
             loss = _reduce(loss, reduction, normalizer).to(logits.dtype)
         return loss
-    if not head_options and _at_target(logits, class_weight, label_smoothing, is_index):
+    if head_options:
+        loss = _softmax_head(
+            logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing,
+            is_index, z_loss, softcap,
+        )  # fmt: skip
+    elif _at_target(logits, class_weight, label_smoothing, is_index):
         loss = _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index)
     else:
         loss = _softmax_focal_loss(
             logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing,
-            z_loss, softcap,
+            0.0, None,
         )  # fmt: skip
     return _softmax_reduce(
         loss, logits, targets, where, class_weight, axis, ignore_index, is_index, is_focal,
