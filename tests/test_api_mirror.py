@@ -133,7 +133,7 @@ BACKEND_EXTRAS = {
         "_sharded_focal_terms", "_sharded_softmax",
         # the LLM head options (DESIGN 13): the capped terms plus the z-term (one closed form,
         # the spec's in ``_softmax_focal_terms``), refused over a mesh axis
-        "_softmax_head_terms", "_sharded_refuses",
+        "_softmax_head_terms", "_sharded_refuses", "_capped", "_capped_jvp",
     },
     "torch_impl": {
         # dtypes, index validation and functorch

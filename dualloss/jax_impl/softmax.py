@@ -11,6 +11,7 @@ and ``parallel`` (argument handling and the ``custom_jvp`` adapter past one devi
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable
 
@@ -193,6 +194,21 @@ def _softmax_focal_terms(z, a, gamma):
     return loss, grad
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _capped(z, softcap):
+    """c = softcap tanh(z / softcap) as a function of its own, with the closed-form tangent
+    dc = sech^2(z / softcap) dz (``_softcap``; autodiff of tanh forms 1 - tanh^2, which loses
+    every digit of sech^2 where the logits are far beyond the cap)."""
+    return _softcap(z, softcap)[0]
+
+
+@_capped.defjvp
+def _capped_jvp(softcap, primals, tangents):
+    (z,), (dz,) = primals, tangents
+    c, dcap = _softcap(z, softcap)
+    return c, dcap * dz
+
+
 def _softmax_head_terms(z, a, gamma, z_loss, softcap):
     """``_softmax_focal_terms`` of the capped logits c plus the z-loss z_loss lse(c)^2, with the
     gradient w.r.t. the logits: (dl/dc + 2 z_loss lse p) dc/dz (DESIGN 13, see the spec)."""
@@ -319,13 +335,6 @@ _softmax_focal_loss = _with_closed_form_grad(_softmax_focal_terms, 1, class_sum=
 _softmax_focal_loss_traced = _with_closed_form_grad(_softmax_focal_terms, 0, class_sum=True)
 
 
-# the LLM head options (Python numbers) are static; a traced gamma differentiable as above
-_softmax_head_loss = _with_closed_form_grad(_softmax_head_terms, 3, class_sum=True)
-
-
-_softmax_head_loss_traced = _with_closed_form_grad(_softmax_head_terms, 2, class_sum=True)
-
-
 _softmax_focal_loss_at = _with_closed_form_grad(_softmax_focal_terms_at, 1, class_sum=True)
 
 
@@ -360,8 +369,6 @@ def _softmax(
     reduction, normalizer = _normalizer(reduction, normalizer)
     z_loss = _checks.z_loss(z_loss)
     softcap = _checks.softcap(softcap)
-    # the LLM head options (DESIGN 13) take the dense closed-form path
-    head = z_loss != 0.0 or softcap is not None
     if is_focal:
         gamma = _scalar_option("gamma", gamma)
         weight, alpha = None, class_weight_arg
@@ -380,18 +387,22 @@ def _softmax(
         z = jnp.where(keep[..., None], z, 0.0)
     if return_aux:
         aux = _softmax_aux(z, t, targets, keep, is_index, z_loss, softcap, reduction, normalizer)
+    # the LLM head options (DESIGN 13): the loss of the capped logits through the plain loss's
+    # own paths, plus the z-term, each with its closed-form derivative (the cap's custom_jvp,
+    # logsumexp's softmax)
+    if softcap is not None:
+        z = _capped(z, softcap)
+    z_term = 0.0
+    if z_loss != 0.0:
+        # double where: a row left out enters as zeros, so that its gradient stays finite
+        lse = jax.nn.logsumexp(jnp.where(keep[..., None], z, 0.0), axis=-1)
+        z_term = z_loss * lse * lse
     if is_index:
         # an index outside [0, C) cannot raise under jit: its element's loss and gradient are NaN
         y = _as_array(targets)
         poison = jnp.where(keep & ((y < 0) | (y >= num_classes)), jnp.nan, 0.0).astype(z.dtype)
         y = jnp.clip(y, 0, num_classes - 1)
-    if (
-        is_index
-        and not head
-        and _is_static(label_smoothing)
-        and label_smoothing == 0.0
-        and _is_static(gamma)
-    ):
+    if is_index and _is_static(label_smoothing) and label_smoothing == 0.0 and _is_static(gamma):
         # one-hot targets: gather the target class instead of forming an N x C one-hot
         a_y = jnp.where(keep, class_weight[y], 0.0) + poison
         if gamma == 0.0:
@@ -403,16 +414,12 @@ def _softmax(
             # ignored elements: logits 0, so that their gradient is 0 even for NaN logits
             z = jnp.where(keep[..., None], z, 0.0) + poison[..., None]
         a = class_weight * t
-        if head and _is_static(gamma):
-            loss = _softmax_head_loss(z, a, gamma, z_loss, softcap)
-        elif head:
-            loss = _softmax_head_loss_traced(z, a, gamma, z_loss, softcap)
-        elif _is_static(gamma):
+        if _is_static(gamma):
             loss = _softmax_focal_loss(z, a, gamma)
         else:
             loss = _softmax_focal_loss_traced(z, a, gamma)
     # ignored elements give 0 and no gradient, whatever their logits; masked classes no gradient
-    loss = jnp.where(keep, loss, 0.0)
+    loss = jnp.where(keep, loss + z_term, 0.0)
     if is_index and not is_focal:
         # torch: the weighted mean divides by the weights of the kept targets
         targets = jnp.where(keep, _as_array(targets), 0)
