@@ -91,6 +91,38 @@ def gamma(gamma: object) -> float:
     return value
 
 
+Z_LOSS_RULE = "`z_loss` must be a finite number >= 0 (the weight of logsumexp(logits)**2)."
+SOFTCAP_RULE = (
+    "`softcap` must be None or a finite number > 0 (the logits become softcap * tanh(logits / "
+    "softcap))."
+)
+
+
+def z_loss(z_loss: object) -> float:
+    """The z-loss weight: a finite number >= 0 (0 turns the term off)."""
+    value = real("z_loss", z_loss)
+    if not 0.0 <= value < math.inf:  # False for NaN
+        raise ValueError(f"{Z_LOSS_RULE} Received: z_loss={z_loss!r}.")
+    return value
+
+
+def softcap(softcap: object) -> float | None:
+    """The logit cap: None (no cap) or a finite number > 0."""
+    if softcap is None:
+        return None
+    value = real("softcap", softcap)
+    if not 0.0 < value < math.inf:  # False for NaN
+        raise ValueError(f"{SOFTCAP_RULE} Received: softcap={softcap!r}.")
+    return value
+
+
+def return_aux(return_aux: object) -> bool:
+    """`return_aux`: True or False (a NumPy bool too)."""
+    if not isinstance(return_aux, (bool, np.bool_)):
+        raise TypeError(f"`return_aux` must be True or False. Received: return_aux={return_aux!r}.")
+    return bool(return_aux)
+
+
 def unit_interval_rule(name: str) -> str:
     return f"`{name}` must be in [0, 1]."
 

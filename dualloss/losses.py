@@ -238,6 +238,11 @@ WHERE = Option("where", "mask", None, None)
 # the mean's divisor when given (a number or a 0-d array; a constant, never differentiated)
 NORMALIZER = Option("normalizer", "normalizer", None, None)
 AXIS = Option("axis", "index", -1, -1)
+# the LLM head options (DESIGN 13): the z-loss weight and the logit cap (None: no cap)
+Z_LOSS = Option("z_loss", "real", 0.0, 0.0, low=0.0)
+SOFTCAP = Option("softcap", "real", None, None, low=0.0)
+# (loss, {'lse', 'z_term', 'correct'}): the per-element statistics of the same pass
+RETURN_AUX = Option("return_aux", "choice", False, False, choices=(False, True))
 
 # the error inputs every loss of a family shares (messages of ``dualloss._checks``)
 _REDUCTION_ERROR = ErrorInput(
@@ -284,6 +289,20 @@ _SOFTMAX_ERRORS = (
         {"label_smoothing": 1.5},
         ValueError,
         "`label_smoothing` must be in [0, 1]. Received: label_smoothing=1.5.",
+    ),
+    ErrorInput(
+        "negative z_loss",
+        {"z_loss": -1.0},
+        ValueError,
+        "`z_loss` must be a finite number >= 0 (the weight of logsumexp(logits)**2). "
+        "Received: z_loss=-1.0.",
+    ),
+    ErrorInput(
+        "softcap of zero",
+        {"softcap": 0.0},
+        ValueError,
+        "`softcap` must be None or a finite number > 0 (the logits become softcap * "
+        "tanh(logits / softcap)). Received: softcap=0.0.",
     ),
     ErrorInput(
         "class index out of range",
@@ -384,6 +403,9 @@ SOFTMAX_CROSS_ENTROPY = LossInfo(
         WHERE,
         REDUCTION,
         NORMALIZER,
+        Z_LOSS,
+        SOFTCAP,
+        RETURN_AUX,
     ),
     differentiable=("logits", "targets", "weight", "label_smoothing"),
     regions=REGIONS,
@@ -427,6 +449,9 @@ SOFTMAX_FOCAL_LOSS = LossInfo(
         WHERE,
         REDUCTION,
         NORMALIZER,
+        Z_LOSS,
+        SOFTCAP,
+        RETURN_AUX,
     ),
     differentiable=("logits", "targets", "gamma", "alpha", "label_smoothing"),
     regions=REGIONS,
@@ -582,6 +607,8 @@ LINEAR_SOFTMAX_CROSS_ENTROPY = LossInfo(
         LINEAR_LABEL_SMOOTHING,
         REDUCTION,
         NORMALIZER,
+        Z_LOSS,
+        SOFTCAP,
         CHUNK_SIZE,
     ),
     differentiable=("hidden", "linear_weight", "bias"),
@@ -604,6 +631,8 @@ LINEAR_SOFTMAX_FOCAL_LOSS = LossInfo(
         LINEAR_LABEL_SMOOTHING,
         REDUCTION,
         NORMALIZER,
+        Z_LOSS,
+        SOFTCAP,
         CHUNK_SIZE,
     ),
     differentiable=("hidden", "linear_weight", "bias"),

@@ -131,6 +131,9 @@ BACKEND_EXTRAS = {
         "_class_shard", "_sharded_softmax_inputs", "_with_sharded_grad",
         "_sharded_top", "_sharded_log_softmax", "_sharded_sum_except_self",
         "_sharded_focal_terms", "_sharded_softmax",
+        # the LLM head options (DESIGN 13): the capped terms plus the z-term (one closed form,
+        # the spec's in ``_softmax_focal_terms``), refused over a mesh axis
+        "_softmax_head_terms", "_sharded_refuses", "_capped", "_capped_jvp",
     },
     "torch_impl": {
         # dtypes, index validation and functorch
@@ -177,6 +180,12 @@ BACKEND_EXTRAS = {
         # and the reductions shared with the single-device path (softmax)
         "_process_group", "_is_dtensor", "_from_dtensor", "_to_dtensor", "_class_slice",
         "_VocabParallel", "_softmax_vocab_parallel", "_softmax_reduce",
+        # the LLM head options (DESIGN 13): the z-term (the spec's in ``_softmax_focal_terms``),
+        # refused over a process group
+        "_z_term", "_vocab_parallel_refuses",
+        # the softmax losses' option path: the cap and the z-term as closed-form Functions around
+        # the plain loss's own paths
+        "_SoftCap", "_ZTerm", "_softmax_head",
     },
 }  # fmt: skip
 # what the spec has that a backend does not: the judge's per-element intermediates, and the

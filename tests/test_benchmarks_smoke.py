@@ -230,3 +230,34 @@ def test_softmax_floor_is_a_cross_entropy_and_its_command_runs():
     )
     rows = [line for line in completed.stdout.splitlines() if line.startswith("| 16x7 |")]
     assert len(rows) == 1 and "allocator: freed memory kept" in completed.stdout, completed.stdout
+
+
+def test_llm_options_benchmark_compares_like_with_like():
+    """benchmarks.llm_options: the timed 'options' and 'hand-written' calls of each framework
+    compute the same loss (the spec's with z_loss and softcap), and the command runs."""
+    import jax.numpy as jnp
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks import llm_options
+
+    logits, targets = run.make_inputs("softmax_cross_entropy", TINY)
+    want = spec.softmax_cross_entropy(
+        logits.astype(np.float64), targets, z_loss=llm_options.Z_LOSS, softcap=llm_options.SOFTCAP
+    )
+    z = torch.from_numpy(logits)
+    c = llm_options.SOFTCAP * torch.tanh(z / llm_options.SOFTCAP)
+    t = torch.from_numpy(targets)
+    hand = F.cross_entropy(c, t) + llm_options.Z_LOSS * torch.logsumexp(c, -1).pow(2).mean()
+    from dualloss import jax_impl, torch_impl
+
+    ours = torch_impl.softmax_cross_entropy(
+        z, t, z_loss=llm_options.Z_LOSS, softcap=llm_options.SOFTCAP
+    )
+    ours_jax = jax_impl.softmax_cross_entropy(
+        jnp.asarray(logits), jnp.asarray(targets), z_loss=llm_options.Z_LOSS,
+        softcap=llm_options.SOFTCAP,
+    )  # fmt: skip
+    for got in (hand, ours, ours_jax):
+        assert float(got) == pytest.approx(float(want), rel=1e-5)
+    assert llm_options.main(["--shapes", "16x7", "--reps", "1", "--warmup", "0"]) == 0

@@ -24,7 +24,7 @@ from ._inputs import (
     _normalizer,
     _not_torch,
 )
-from .softmax import _at, _log1m, _softmax_focal_terms
+from .softmax import _at, _log1m, _softmax_focal_terms, _softmax_head_terms
 
 
 def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing):
@@ -125,11 +125,14 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     Each block's (rows, V) logits are formed in the compute dtype (float32 for half inputs) and
     their gradient G mapped through the layer at once: dh = G w^T, dw += h^T G, db += sum G,
     accumulated in the compute dtype. The focal loss with label smoothing takes the softmax
-    losses' dense path (``_softmax_focal_terms``). The rows are padded to a whole number of
+    losses' dense path (``_softmax_focal_terms``), and so do the LLM head options (z_loss,
+    softcap: ``_softmax_head_terms``, DESIGN 13), applied to each block's logits, never to an
+    (N, V) array. The rows are padded to a whole number of
     blocks with ignored rows (a_y = kept = 0). Returns (loss, dh, dw, db), the gradients None
     without `grad_loss`, db None without `b`.
     """
-    gamma, label_smoothing, rows, _ = static
+    gamma, label_smoothing, rows, _, z_loss, softcap = static
+    head = z_loss != 0.0 or softcap is not None
     dtype = _compute_dtype(h.dtype)
     num_rows, size = h.shape
     num_classes = w.shape[1]
@@ -161,11 +164,18 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
         z = _dot(h_block, w, dtype)
         if b is not None:
             z = z + b
-        if gamma != 0.0 and label_smoothing != 0.0:
+        if (gamma != 0.0 and label_smoothing != 0.0) or head:
             # t~ = (1 - eps) onehot(y) + eps / V on the kept rows, times the class weights
             one_hot = (jnp.arange(num_classes) == y_block[:, None]).astype(dtype)
             t = (1.0 - label_smoothing) * one_hot + label_smoothing / num_classes
-            loss, grad = _softmax_focal_terms(z, weights * t * kept_block[:, None], gamma)
+            a = weights * t * kept_block[:, None]
+            if head:
+                loss, grad = _softmax_head_terms(z, a, gamma, z_loss, softcap)
+                # ignored rows (hidden 0) have logits b: their z-term and gradient are left out
+                loss = loss * kept_block
+                grad = grad * kept_block[:, None]
+            else:
+                loss, grad = _softmax_focal_terms(z, a, gamma)
             # a NaN-poisoned index (traced, out of range) poisons its row here too
             loss = loss + 0.0 * a_block
         else:
@@ -268,6 +278,8 @@ def _linear_softmax(
     label_smoothing,
     reduction,
     normalizer,
+    z_loss,
+    softcap,
     chunk_size,
 ):
     """Validates the fused loss's arguments and applies the row-block scan to the rows of
@@ -297,6 +309,8 @@ def _linear_softmax(
     label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
     if is_focal:
         gamma = _checks.gamma(gamma)
+    z_loss = _checks.z_loss(z_loss)
+    softcap = _checks.softcap(softcap)
     dtype = _compute_dtype(hidden.dtype)
     vector = class_weight_arg
     if vector is not None and not np.isscalar(vector):
@@ -327,11 +341,12 @@ def _linear_softmax(
     if chunk_size is None:
         # the dense path (focal with label smoothing) holds ~8 temporaries per block
         dense = is_focal and gamma != 0.0 and label_smoothing != 0.0
+        dense = dense or z_loss != 0.0 or softcap is not None
         budget = (1 << 19) if dense else _block_budget()
         chunk_size = _checks.default_chunk_size(h.shape[0], num_classes, budget)
     rows = min(chunk_size, max(h.shape[0], 1))
     dtypes = (linear_weight.dtype, None if bias is None else bias.dtype)
-    static = (gamma, label_smoothing, rows, dtypes)
+    static = (gamma, label_smoothing, rows, dtypes, z_loss, softcap)
     if reduction == "none":
         loss = _linear_rows(h, linear_weight, bias, y_safe, a_y, kept, class_weight, static)
         return loss.reshape(targets.shape).astype(hidden.dtype)
@@ -367,6 +382,8 @@ def linear_softmax_cross_entropy(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     chunk_size: int | None = None,
 ) -> jax.Array:
     """Softmax cross entropy of hidden @ linear_weight + bias without the (N, V) logits
@@ -377,7 +394,8 @@ def linear_softmax_cross_entropy(
     (float32 for float16/bfloat16, accumulators included), returned in it. Gradients for
     `hidden`, `linear_weight` and `bias`; `weight` gets NaN (no gradient is given for it, never a
     silent 0). `label_smoothing` (and the focal `gamma`) are Python numbers here, not traced.
-    Under ``jit`` an index outside [0, V) gives NaN.
+    Under ``jit`` an index outside [0, V) gives NaN. `z_loss`, `softcap` (DESIGN 13, Python
+    numbers): applied to each block's logits (the dense block path, 512K-entry blocks).
     """
     return _linear_softmax(
         hidden,
@@ -391,6 +409,8 @@ def linear_softmax_cross_entropy(
         label_smoothing,
         reduction,
         normalizer,
+        z_loss,
+        softcap,
         chunk_size,
     )
 
@@ -407,6 +427,8 @@ def linear_softmax_focal_loss(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     chunk_size: int | None = None,
 ) -> jax.Array:
     """Softmax focal loss of hidden @ linear_weight + bias without the (N, V) logits
@@ -424,5 +446,7 @@ def linear_softmax_focal_loss(
         label_smoothing,
         reduction,
         normalizer,
+        z_loss,
+        softcap,
         chunk_size,
     )

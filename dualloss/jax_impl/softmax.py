@@ -11,6 +11,7 @@ and ``parallel`` (argument handling and the ``custom_jvp`` adapter past one devi
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable
 
@@ -129,6 +130,20 @@ def _log_softmax(z):
     return log_p, log_not_p, p, not_p, is_top, s, log1p_s
 
 
+def _softcap(z, softcap):
+    """c = softcap tanh(z / softcap) and dc/dz = sech^2(z / softcap) (``spec._softcap``), or
+    (z, None) without a cap. Infinite logits keep their meaning: -inf a masked class, +inf a NaN
+    row (DESIGN 5), where tanh would make them finite."""
+    if softcap is None:
+        return z, None
+    x = z / softcap
+    # sech^2 x = 4 e / (1 + e)^2, e = exp(-2 |x|): no 1 - tanh^2 cancellation, no overflow
+    e = jnp.exp(-2.0 * jnp.abs(x))
+    dcap = 4.0 * e / ((1.0 + e) * (1.0 + e))
+    c = jnp.where(jnp.isinf(z), z, softcap * jnp.tanh(x))
+    return c, dcap
+
+
 def _focal_phi(log_p, p, not_p, is_top, s, log1p_s):
     """phi(p) = p log p / (1 - p), in [-1, 0]: phi(0) = 0, phi -> -1 as p -> 1.
 
@@ -176,6 +191,37 @@ def _softmax_focal_terms(z, a, gamma):
         axis=-1,
     )
     grad = p * _sum_except_self(v) - not_p * v
+    return loss, grad
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _capped(z, softcap):
+    """c = softcap tanh(z / softcap) as a function of its own, with the closed-form tangent
+    dc = sech^2(z / softcap) dz (``_softcap``; autodiff of tanh forms 1 - tanh^2, which loses
+    every digit of sech^2 where the logits are far beyond the cap)."""
+    return _softcap(z, softcap)[0]
+
+
+@_capped.defjvp
+def _capped_jvp(softcap, primals, tangents):
+    (z,), (dz,) = primals, tangents
+    c, dcap = _softcap(z, softcap)
+    return c, dcap * dz
+
+
+def _softmax_head_terms(z, a, gamma, z_loss, softcap):
+    """``_softmax_focal_terms`` of the capped logits c plus the z-loss z_loss lse(c)^2, with the
+    gradient w.r.t. the logits: (dl/dc + 2 z_loss lse p) dc/dz (DESIGN 13, see the spec)."""
+    c, dcap = _softcap(z, softcap)
+    loss, grad = _softmax_focal_terms(c, a, gamma)
+    if z_loss != 0.0:
+        lse = jax.nn.logsumexp(c, axis=-1, keepdims=True)
+        loss = loss + z_loss * (lse * lse)[..., 0]
+        # d/dc_j lse^2 = 2 lse p_j, p_j = exp(c_j - lse)
+        grad = grad + (2.0 * z_loss) * lse * jnp.exp(c - lse)
+    if dcap is not None:
+        # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+        grad = grad * dcap
     return loss, grad
 
 
@@ -314,9 +360,15 @@ def _softmax(
     where,
     reduction,
     normalizer,
+    z_loss=0.0,
+    softcap=None,
+    return_aux=False,
 ):
     _not_torch(gamma=gamma, label_smoothing=label_smoothing)
+    return_aux = _checks.return_aux(return_aux)
     reduction, normalizer = _normalizer(reduction, normalizer)
+    z_loss = _checks.z_loss(z_loss)
+    softcap = _checks.softcap(softcap)
     if is_focal:
         gamma = _scalar_option("gamma", gamma)
         weight, alpha = None, class_weight_arg
@@ -333,6 +385,18 @@ def _softmax(
         # elements left out (no class left, target outside `where`): logits 0, so that their
         # loss and gradient are 0, not NaN from a row of -inf
         z = jnp.where(keep[..., None], z, 0.0)
+    if return_aux:
+        aux = _softmax_aux(z, t, targets, keep, is_index, z_loss, softcap, reduction, normalizer)
+    # the LLM head options (DESIGN 13): the loss of the capped logits through the plain loss's
+    # own paths, plus the z-term, each with its closed-form derivative (the cap's custom_jvp,
+    # logsumexp's softmax)
+    if softcap is not None:
+        z = _capped(z, softcap)
+    z_term = 0.0
+    if z_loss != 0.0:
+        # double where: a row left out enters as zeros, so that its gradient stays finite
+        lse = jax.nn.logsumexp(jnp.where(keep[..., None], z, 0.0), axis=-1)
+        z_term = z_loss * lse * lse
     if is_index:
         # an index outside [0, C) cannot raise under jit: its element's loss and gradient are NaN
         y = _as_array(targets)
@@ -355,7 +419,7 @@ def _softmax(
         else:
             loss = _softmax_focal_loss_traced(z, a, gamma)
     # ignored elements give 0 and no gradient, whatever their logits; masked classes no gradient
-    loss = jnp.where(keep, loss, 0.0)
+    loss = jnp.where(keep, loss + z_term, 0.0)
     if is_index and not is_focal:
         # torch: the weighted mean divides by the weights of the kept targets
         targets = jnp.where(keep, _as_array(targets), 0)
@@ -364,12 +428,50 @@ def _softmax(
         # plain mean over the kept elements (for probability targets: those with a class left)
         denominator = jnp.sum(keep)
     loss = _reduce(loss, reduction, _mean_divisor(denominator, normalizer))
-    return loss.astype(_as_array(logits).dtype)
+    dtype = _as_array(logits).dtype
+    if return_aux:
+        return loss.astype(dtype), {key: value.astype(dtype) for key, value in aux.items()}
+    return loss.astype(dtype)
+
+
+def _softmax_aux(z, t, targets, keep, is_index, z_loss, softcap, reduction, normalizer):
+    """``return_aux``'s statistics (``spec._aux``): per-element lse of the capped logits, the
+    z-term and whether the largest logit is the target class (0 where not kept), reduced as the
+    spec says; no gradient flows through them (stop_gradient)."""
+    z = jax.lax.stop_gradient(z)
+    c, _ = _softcap(z, softcap)
+    lse = jnp.where(keep, jax.nn.logsumexp(c, axis=-1), 0.0)
+    # the largest logit (the first on ties) on the target class; for probability targets the
+    # class of the largest target mass (smoothing keeps it)
+    target_class = _as_array(targets) if is_index else jnp.argmax(t, axis=-1)
+    correct = keep & (jnp.argmax(z, axis=-1) == target_class)
+    stats = {"lse": lse, "z_term": z_loss * lse * lse, "correct": correct.astype(lse.dtype)}
+    divisor = _mean_divisor(jnp.sum(keep), normalizer)
+    return {key: _reduce(value, reduction, divisor) for key, value in stats.items()}
 
 
 # ----------------------------------------------------------------------------------------------
 # The class axis split over a mesh axis (DESIGN 12, ``axis_name=``)
 # ----------------------------------------------------------------------------------------------
+
+
+def _sharded_refuses(z_loss, softcap, return_aux):
+    """The LLM head options are not implemented over a mesh axis: one sentence each."""
+    if _checks.return_aux(return_aux):
+        raise ValueError(
+            "`return_aux` is not supported with `axis_name` (yet): pass False. "
+            "Received: return_aux=True."
+        )
+    if _checks.z_loss(z_loss) != 0.0:
+        raise ValueError(
+            "`z_loss` is not supported with `axis_name` (yet): pass 0.0. "
+            f"Received: z_loss={z_loss!r}."
+        )
+    if _checks.softcap(softcap) is not None:
+        raise ValueError(
+            "`softcap` is not supported with `axis_name` (yet): pass None. "
+            f"Received: softcap={softcap!r}."
+        )
 
 
 def _sharded_top(x, offset, axis_name):
@@ -543,8 +645,11 @@ def softmax_cross_entropy(
     where: ArrayLike | None = None,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+    return_aux: bool = False,
     axis_name: Hashable | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, dict]:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics; see ``spec`` for the math.
 
     Class axis -1 by default. Computed in the logits dtype (float32 for float16/bfloat16) and
@@ -556,11 +661,15 @@ def softmax_cross_entropy(
     (docs/scaling.md): the logits (and probability targets, a class `where`) are this device's
     contiguous slice, class-index targets stay global, `weight` is the whole vector; the row
     sums are reduced with pmax/psum of per-row scalars, never a gathered row.
+    `z_loss` and `softcap` (DESIGN 13, Python numbers, see the spec) take the dense closed-form
+    path; with `axis_name` they raise. `return_aux=True` returns (loss, {'lse', 'z_term',
+    'correct'}) as the spec, in the logits' dtype (no gradient through them).
     """
     arguments = (logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where)
     if axis_name is not None:
+        _sharded_refuses(z_loss, softcap, return_aux)
         return _sharded_softmax(*arguments, reduction, normalizer, axis_name)
-    return _softmax(*arguments, reduction, normalizer)
+    return _softmax(*arguments, reduction, normalizer, z_loss, softcap, return_aux)
 
 
 def softmax_focal_loss(
@@ -575,19 +684,24 @@ def softmax_focal_loss(
     where: ArrayLike | None = None,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+    return_aux: bool = False,
     axis_name: Hashable | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, dict]:
     """Softmax focal loss (Lin et al.); see ``spec.softmax_focal_loss`` for the math.
 
     Class axis -1 by default; dtypes, gradients and bad indices as ``softmax_cross_entropy``.
     `gamma`, `alpha` and `label_smoothing` may be traced (jit arguments, vmap, grad w.r.t.
     them); a Python gamma = 0 takes the exact cross-entropy branch. `axis_name`: the class
     dimension split over that mesh axis, as ``softmax_cross_entropy`` (`alpha` the whole vector).
+    `z_loss`, `softcap`: as ``softmax_cross_entropy``.
     """
     arguments = (logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where)
     if axis_name is not None:
+        _sharded_refuses(z_loss, softcap, return_aux)
         return _sharded_softmax(*arguments, reduction, normalizer, axis_name)
-    return _softmax(*arguments, reduction, normalizer)
+    return _softmax(*arguments, reduction, normalizer, z_loss, softcap, return_aux)
 
 
 def softmax_cross_entropy_with_integer_labels(

@@ -86,6 +86,7 @@ from .tolerance import (
     ACCEPT_ALL_IGNORED_NAN,
     ALL_IGNORED_NAN,
     ALL_IGNORED_NAN_NOTE,
+    CAP_ULPS,
     SMALLEST_NORMAL,
     SMALLEST_SUBNORMAL,
     STANDARDS,
@@ -586,11 +587,33 @@ def bound(loss: str, hidden, kernel, bias, targets, options: dict, u: float,
     mass = (1.0 + gamma) * np.sum(elements.a, axis=1, keepdims=True)
     # the normaliser's exp and log round even over one class: log2(V), at least 1
     log_v = max(math.log2(v), 1.0)
-    e = (2 * delta * (1 + gamma) ** 2 + 8 * u * log_v) * (terms.p * mass + elements.a) * scale
+    # the LLM head options (DESIGN 13): the softmax sees c = cap tanh(logits / cap), which moves
+    # by at most the logits' error (dc/dz <= 1) plus its own CAP_ULPS roundings
+    # (``tolerance._softmax_spreads``); the gradient in c comes back times dc/dz
+    delta_c = delta
+    if elements.dcap is not None:
+        c_top = np.max(np.where(np.isfinite(elements.z), np.abs(elements.z), 0.0), axis=1)
+        delta_c = delta + CAP_ULPS * u * c_top[:, None]
+    capped_abs = g_abs if elements.capped_grad is None else np.abs(elements.capped_grad) * scale
+    e = (2 * delta_c * (1 + gamma) ** 2 + 8 * u * log_v) * (terms.p * mass + elements.a) * scale
+    if elements.z_loss != 0.0:
+        # the z part 2 z_loss lse p: p moves by 2 delta_c p relative, lse by delta_c + u |lse|,
+        # and the part is rounded at its own size (8 u)
+        lse = np.abs(elements.terms.lse)[:, None]
+        z_part = 2.0 * elements.z_loss * terms.p
+        e = e + z_part * (lse * (2 * delta_c + 8 * u) + delta_c + u * lse) * scale
+    if elements.dcap is not None:
+        # dc/dz = sech^2(x), x = logits / cap, moves by 2 |tanh x| sech^2(x) dx, with
+        # dx = delta / cap + u |x| (the logits' error and the quotient's), plus 2 u for itself
+        x = logits / elements.softcap
+        dx = delta / elements.softcap + u * np.abs(x)
+        ddcap = 2.0 * np.abs(np.tanh(x)) * elements.dcap * dx + 2.0 * u * elements.dcap
+        e = e * elements.dcap + capped_abs * ddcap
     e = np.where(elements.keep[:, None], e, 0.0)
     loss_rows = np.abs(terms.loss)
     row_bound = (
-        delta[:, 0] * np.sum(g_abs, axis=1) + 8 * u * (loss_rows + log_v * mass[:, 0]) * scale
+        delta_c[:, 0] * np.sum(capped_abs, axis=1)
+        + 8 * u * (loss_rows + log_v * mass[:, 0]) * scale
     )
     row_bound = np.where(elements.keep, row_bound, 0.0)
     gamma_v, gamma_n = (v + 1) * u, (n + 1) * u

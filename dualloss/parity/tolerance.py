@@ -375,6 +375,8 @@ HALF = ("float16", "bfloat16")
 STRICT_ULPS = 8.0
 # a difference below the smallest normal number, times how much the loss can scale it up
 STRICT_FORGIVEN = 2.0
+# the soft-capped logit c = cap tanh(logits / cap) as computed, in ULPs of c (``_softmax_spreads``)
+CAP_ULPS = 3.0
 
 
 def _softmax_spreads(info, elements, options, dtype):
@@ -388,6 +390,17 @@ def _softmax_spreads(info, elements, options, dtype):
         z = elements.z
         finite = np.isfinite(z)
         delta = np.where(finite, ulp(np.where(finite, z, 0.0), dtype), 0.0)
+        dcap = elements.dcap
+        if dcap is not None:
+            # soft-capping: z holds c = cap tanh(x), x = logits / cap. A one-ULP logit moves c by
+            # dcap ulp(logit), and c itself is computed: fl(cap fl(tanh(fl(x)))) is within
+            # CAP_ULPS ulp(c) of it (the quotient's rounding moves c by cap sech^2(x) |x| u / 2
+            # <= ulp(c) / 4, the library tanh 2 ULPs of tanh as exp and log above, the product
+            # half an ULP), which acts on the softmax as an input moved that much: the
+            # shifted-logit argument above holds for c with that delta
+            raw = elements.logits
+            raw_delta = np.where(finite, ulp(np.where(finite, raw, 0.0), dtype), 0.0)
+            delta = CAP_ULPS * delta + dcap * raw_delta
         p = np.where(finite, terms.p, 0.0)
         log_p, log_q = terms.log_p, terms.log_not_p
         q = np.exp(log_q)
@@ -403,8 +416,8 @@ def _softmax_spreads(info, elements, options, dtype):
         others = np.where(is_top, rest_of_top, np.maximum(total - weighted, 0.0))
         log_dp = log_p + np.log(q * delta + others)
         dp = np.where(finite, np.exp(log_dp), 0.0)
-        # value: sum_c |df/dz_c| delta_c, with df/dz_c = p_c sum(v) - v_c
-        grad_terms = np.abs(terms.grad)
+        # value: sum_c |df/dz_c| delta_c, with df/dz_c = p_c sum(v) - v_c (+ the z-term's part)
+        grad_terms = np.abs(terms.grad if elements.capped_grad is None else elements.capped_grad)
         # gradient: g_j = p_j S - v_j, S = sum_c v_c, v_c a function of p_c (focal):
         # |dg_j| <= |dp_j| |S| + p_j sum_c |v'_c| |dp_c| + |v'_j| |dp_j|, with
         # v'/a = -2 g q^(g-1) - g q^(g-1) log p + g (g-1) p q^(g-2) log p (formed in log space)
@@ -434,6 +447,7 @@ def _softmax_spreads(info, elements, options, dtype):
         )
         abs_v = np.abs(v)
         grad_spread = grad_spread + mass_error * (p * np.sum(abs_v, axis=-1, keepdims=True) + abs_v)
+        grad_spread = _head_option_spreads(elements, grad_spread, p, dp, delta, dtype)
         value_terms = np.where(a == 0.0, 0.0, a * terms.focal_weight * np.abs(log_p))
         value_spread = np.sum(grad_terms * delta, axis=-1) + mass_error[..., 0] * np.sum(
             value_terms, axis=-1
@@ -443,6 +457,37 @@ def _softmax_spreads(info, elements, options, dtype):
             elements.keep[..., None] & elements.valid & np.isfinite(grad_spread), grad_spread, 0.0
         )
     return value_spread, np.moveaxis(grad_spread, -1, elements.axis)
+
+
+def _head_option_spreads(elements, grad_spread, p, dp, delta, dtype):
+    """`grad_spread` (of the loss's own part, in the space of the softmax's logits) with what the
+    LLM head options add (DESIGN 13; unchanged without them), in the logits' space.
+
+    z-loss: its gradient part 2 z_loss lse p_j moves by 2 z_loss (|lse| |dp_j| + p_j |dlse|),
+    dlse = sum_c p_c delta_c + u |lse| (lse rounded once); it is formed apart from the loss's own
+    part and added, so each part is rounded at its own size: STRICT_ULPS u of |2 z_loss lse p_j|
+    (the two cancel at the target, where ulp(result) alone would ask more than a sum can give).
+    Cap: the spread in c comes back times dc/dz = sech^2(x), x = logits / cap; dc/dz itself
+    moves by 2 |tanh x| sech^2(x) dx when x does, dx = ulp(logits) / cap + u |x| (the logit's
+    ULP and the rounding of the quotient), plus 2 u sech^2(x) for its own evaluation: the
+    capped gradient times that."""
+    u = UNIT_ROUNDOFF[dtype]
+    z_loss, dcap = elements.z_loss, elements.dcap
+    if z_loss != 0.0:
+        lse = elements.terms.lse[..., None]
+        dlse = np.sum(p * delta, axis=-1, keepdims=True) + u * np.abs(lse)
+        z_grad = 2.0 * z_loss * np.abs(lse) * p
+        grad_spread = (
+            grad_spread + 2.0 * z_loss * (np.abs(lse) * dp + p * dlse) + STRICT_ULPS * u * z_grad
+        )
+    if dcap is None:
+        return grad_spread
+    raw, cap = elements.logits, elements.softcap
+    finite = np.isfinite(raw)
+    x = np.where(finite, raw, 0.0) / cap
+    dx = ulp(np.where(finite, raw, 0.0), dtype) / cap + u * np.abs(x)
+    ddcap = 2.0 * np.abs(np.tanh(x)) * dcap * dx + 2.0 * u * dcap
+    return grad_spread * dcap + np.abs(elements.capped_grad) * ddcap
 
 
 def _sigmoid_spreads(info, elements, options, dtype):

@@ -25,11 +25,24 @@ def softmax_cross_entropy_intermediates(
     label_smoothing: float = 0.0,
     where: ArrayLike | None = None,
     reduction: str = "mean",
+    z_loss: float = 0.0,
+    softcap: float | None = None,
 ) -> SoftmaxIntermediates:
     """``softmax_cross_entropy`` before its reduction: a ``SoftmaxIntermediates`` (float64)."""
     _checks.reduction(reduction)
     return _softmax_elements(
-        logits, targets, axis, weight, None, 0.0, False, ignore_index, label_smoothing, where
+        logits,
+        targets,
+        axis,
+        weight,
+        None,
+        0.0,
+        False,
+        ignore_index,
+        label_smoothing,
+        where,
+        z_loss,
+        softcap,
     )
 
 
@@ -45,12 +58,25 @@ def softmax_focal_loss_intermediates(
     label_smoothing: float = 0.0,
     where: ArrayLike | None = None,
     reduction: str = "mean",
+    z_loss: float = 0.0,
+    softcap: float | None = None,
 ) -> SoftmaxIntermediates:
     """``softmax_focal_loss`` before its reduction: a ``SoftmaxIntermediates`` (float64)."""
     _checks.reduction(reduction)
     gamma = _checks.gamma(gamma)
     return _softmax_elements(
-        logits, targets, axis, None, alpha, gamma, True, ignore_index, label_smoothing, where
+        logits,
+        targets,
+        axis,
+        None,
+        alpha,
+        gamma,
+        True,
+        ignore_index,
+        label_smoothing,
+        where,
+        z_loss,
+        softcap,
     )
 
 

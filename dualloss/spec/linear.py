@@ -28,6 +28,8 @@ def _linear_softmax(
     label_smoothing,
     reduction,
     chunk_size,
+    z_loss=0.0,
+    softcap=None,
 ):
     """The loss of logits = hidden @ linear_weight + bias, and its gradient w.r.t. `wrt` for each
     of 'hidden', 'linear_weight', 'bias' (a dict; 'bias' only when `bias` is given).
@@ -66,6 +68,8 @@ def _linear_softmax(
         label_smoothing,
         None,
         reduction,
+        z_loss,
+        softcap,
     )
     if reduction == "none":
         loss = loss.reshape(targets.shape)
@@ -94,6 +98,8 @@ def linear_softmax_cross_entropy(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     chunk_size: int | None = None,
 ) -> np.ndarray:
     """Softmax cross entropy of a linear layer's output, ``F.linear_cross_entropy`` semantics.
@@ -111,6 +117,9 @@ def linear_softmax_cross_entropy(
       weight, ignore_index, label_smoothing, reduction, normalizer: as
         ``softmax_cross_entropy`` (class weights; 'mean' divides by the summed weights of the
         kept targets, 0 when none is kept, or by `normalizer` when given).
+      z_loss, softcap: as ``softmax_cross_entropy`` (DESIGN 13): the loss of
+        c = softcap tanh(logits / softcap) plus z_loss logsumexp(c)**2 per kept row; the
+        backends apply both per block of rows, never forming the (N, V) logits.
       chunk_size: rows per chunk in the backends (None: chosen from the shapes); accepted and
         checked here, where nothing is chunked.
 
@@ -139,6 +148,8 @@ def linear_softmax_cross_entropy(
         label_smoothing,
         reduction,
         chunk_size,
+        z_loss,
+        softcap,
     )
     return _normalize(loss, normalizer)
 
@@ -154,6 +165,8 @@ def linear_softmax_cross_entropy_grad(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     chunk_size: int | None = None,
     wrt: LinearSoftmaxWrt = "hidden",
 ) -> np.ndarray:
@@ -179,6 +192,8 @@ def linear_softmax_cross_entropy_grad(
         label_smoothing,
         reduction,
         chunk_size,
+        z_loss,
+        softcap,
     )
     return _normalize(
         _linear_grad(grads, wrt, LinearSoftmaxWrt, "linear_softmax_cross_entropy_grad"), normalizer
@@ -197,6 +212,8 @@ def linear_softmax_focal_loss(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     chunk_size: int | None = None,
 ) -> np.ndarray:
     """Softmax focal loss of a linear layer's output: ``softmax_focal_loss`` of
@@ -206,6 +223,7 @@ def linear_softmax_focal_loss(
       hidden, linear_weight, targets, bias, chunk_size: as ``linear_softmax_cross_entropy``.
       gamma, alpha, ignore_index, label_smoothing, reduction: as ``softmax_focal_loss`` ('mean'
         over the kept rows). gamma = 0 with alpha None is ``linear_softmax_cross_entropy``.
+      normalizer, z_loss, softcap: as ``linear_softmax_cross_entropy``.
 
     Returns:
       float64 array of shape (...) for 'none', a float64 scalar otherwise.
@@ -231,6 +249,8 @@ def linear_softmax_focal_loss(
         label_smoothing,
         reduction,
         chunk_size,
+        z_loss,
+        softcap,
     )
     return _normalize(loss, normalizer)
 
@@ -247,6 +267,8 @@ def linear_softmax_focal_loss_grad(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     chunk_size: int | None = None,
     wrt: LinearSoftmaxWrt = "hidden",
 ) -> np.ndarray:
@@ -265,6 +287,8 @@ def linear_softmax_focal_loss_grad(
         label_smoothing,
         reduction,
         chunk_size,
+        z_loss,
+        softcap,
     )
     return _normalize(
         _linear_grad(grads, wrt, LinearSoftmaxWrt, "linear_softmax_focal_loss_grad"), normalizer

@@ -43,6 +43,9 @@ class SoftmaxTerms(NamedTuple):
     p: np.ndarray
     focal_weight: np.ndarray
     v: np.ndarray
+    # the log-partition logsumexp(c) per element and the z-loss term z_loss * lse**2 (0 without)
+    lse: np.ndarray | None = None
+    z_term: np.ndarray | None = None
 
 
 class SoftmaxIntermediates(NamedTuple):
@@ -52,7 +55,10 @@ class SoftmaxIntermediates(NamedTuple):
     `terms.loss` / `terms.grad`; `z` the logits with masked classes at -inf, `a` the target mass
     class_weight * t~, `keep` the non-ignored elements, `valid` the classes inside `where`,
     `denominator` the divisor of reduction 'mean' (torch semantics, 0 when nothing is kept),
-    `axis` the class axis of the input layout.
+    `axis` the class axis of the input layout. With `softcap`, `z` holds the capped logits
+    c = softcap tanh(logits / softcap), `logits` the logits before the cap, `dcap` dc/dz =
+    sech^2(logits / softcap) and `capped_grad` the gradient w.r.t. c (`terms.grad` is w.r.t. the
+    logits); `z_loss` the z-loss weight.
     """
 
     terms: SoftmaxTerms
@@ -62,6 +68,13 @@ class SoftmaxIntermediates(NamedTuple):
     valid: np.ndarray
     denominator: float
     axis: int
+    logits: np.ndarray | None = None
+    dcap: np.ndarray | None = None
+    capped_grad: np.ndarray | None = None
+    z_loss: float = 0.0
+    softcap: float | None = None
+    # whether the largest logit is the target class (``return_aux``), False where not kept
+    correct: np.ndarray | None = None
 
 
 def _log_softmax(z):
@@ -101,6 +114,31 @@ def _log_softmax(z):
     return log_p, log_not_p, p, not_p, is_top, s, log1p_s
 
 
+def _softcap(z, softcap):
+    """The soft-capped logits, for the class axis last: (c, shifted, c_top, dcap) with
+    c = softcap tanh(z / softcap), shifted = c - c_top (c_top the row's largest c) and
+    dc/dz = sech^2(z / softcap), each rounded once to float64 from extended precision.
+
+    The softmax of the capped logits needs c_k - c_top to the absolute accuracy of an exact
+    input's difference: p of a far class is exp(c_k - c_top), and one float64 ULP of c ~ 700
+    is 250 ULPs of it. A float64 tanh times the cap carries 1-2 ULPs of c, which no input
+    rounding explains when the cap is large (c ~ z); so the quotient, tanh, product and
+    difference are formed in np.longdouble (64 significant bits on x86-64, 113 where it is
+    quad) and the difference rounded once. sech^2 x = 4 e / (1 + e)^2, e = exp(-2 |x|): no
+    overflow, no 1 - tanh^2 cancellation, and the quotient's rounding (which sech^2 ~ 4 e^-2|x|
+    would amplify 2 |x| times) is 2^11 times smaller than in float64.
+    Infinite logits keep their meaning: -inf a masked class, +inf a NaN row (DESIGN 5).
+    """
+    finite = np.isfinite(z)
+    x = np.where(finite, z, 0.0).astype(np.longdouble) / np.longdouble(softcap)
+    c = np.where(finite, np.longdouble(softcap) * np.tanh(x), z.astype(np.longdouble))
+    c_top = np.max(c, axis=-1, keepdims=True)
+    shifted = (c - c_top).astype(np.float64)
+    e = np.exp(-2.0 * np.abs(x))
+    dcap = (4.0 * e / ((1.0 + e) * (1.0 + e))).astype(np.float64)
+    return c.astype(np.float64), shifted, c_top.astype(np.float64), np.where(finite, dcap, 0.0)
+
+
 def _focal_phi(log_p, p, not_p, is_top, s, log1p_s):
     """phi(p) = p log p / (1 - p), in [-1, 0]: phi(0) = 0, phi -> -1 as p -> 1.
 
@@ -124,12 +162,13 @@ def _sum_except_self(v):
     return np.where(is_big, rest_of_big, total - v)
 
 
-def _softmax_focal_terms(z, a, gamma):
-    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c and its gradient (class axis last).
+def _softmax_focal_terms(z, a, gamma, z_loss=0.0, z_offset=None):
+    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c + z_loss lse**2 and its gradient
+    (class axis last), lse = logsumexp(z) = z_top + log1p(s).
 
     With gamma = 0 this is the (weighted) softmax cross entropy -sum_c a_c log p_c.
     The gradient is p_j sum_{c != j} v_c - (1 - p_j) v_j, the same as p * sum(v) - v but free of
-    the cancellation p_j - 1 when p_j is close to 1.
+    the cancellation p_j - 1 when p_j is close to 1, plus the z-loss's 2 z_loss lse p_j.
     """
     log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
     if gamma == 0.0:
@@ -145,7 +184,18 @@ def _softmax_focal_terms(z, a, gamma):
     # 0 * log1p(s) is that 0, or NaN when a NaN or +inf logit made the row NaN (never hidden)
     loss = -np.sum(np.where(a == 0.0, 0.0 * log1p_s, a * focal_weight * log_p), axis=-1)
     grad = p * _sum_except_self(v) - not_p * v
-    return SoftmaxTerms(loss, grad, log_p, log_not_p, p, focal_weight, v)
+    # logsumexp(z) = z_top + log1p(s): the top's 1 apart, so a confident row keeps its digits
+    lse = np.max(z, axis=-1) + log1p_s[..., 0]
+    if z_offset is not None:
+        # `z` was shifted by z_offset (the capped logits' c - c_top): lse = c_top + log1p(s)
+        lse = z_offset[..., 0] + log1p_s[..., 0]
+    z_term = np.zeros_like(loss)
+    if z_loss != 0.0:
+        # z-loss: z_loss lse^2, d/dz_j = 2 z_loss lse p_j
+        z_term = z_loss * lse * lse
+        loss = loss + z_term
+        grad = grad + (2.0 * z_loss) * lse[..., None] * p
+    return SoftmaxTerms(loss, grad, log_p, log_not_p, p, focal_weight, v, lse, z_term)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -165,6 +215,8 @@ def _softmax(
     label_smoothing,
     where,
     reduction,
+    z_loss=0.0,
+    softcap=None,
 ):
     reduction = _checks.reduction(reduction)
     if is_focal:
@@ -173,21 +225,56 @@ def _softmax(
     else:
         weight, alpha = class_weight_arg, None
     elements = _softmax_elements(
-        logits, targets, axis, weight, alpha, gamma, is_focal, ignore_index, label_smoothing, where
+        logits,
+        targets,
+        axis,
+        weight,
+        alpha,
+        gamma,
+        is_focal,
+        ignore_index,
+        label_smoothing,
+        where,
+        z_loss,
+        softcap,
     )
     loss, grad = _reduce(elements.terms.loss, elements.terms.grad, reduction, elements.denominator)
     return loss, np.moveaxis(grad, -1, elements.axis)
 
 
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
 def _softmax_elements(
-    logits, targets, axis, weight, alpha, gamma, is_focal, ignore_index, label_smoothing, where
+    logits,
+    targets,
+    axis,
+    weight,
+    alpha,
+    gamma,
+    is_focal,
+    ignore_index,
+    label_smoothing,
+    where,
+    z_loss=0.0,
+    softcap=None,
 ):
     """The per-element half of ``_softmax``: a ``SoftmaxIntermediates``."""
-    z, t, keep, valid, is_index, class_weight, axis = _softmax_inputs(
+    z_loss = _checks.z_loss(z_loss)
+    softcap = _checks.softcap(softcap)
+    raw, t, keep, valid, is_index, class_weight, axis = _softmax_inputs(
         logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where
     )
+    # soft-capping: c = softcap tanh(z / softcap), dc/dz = sech^2(z / softcap) (chain rule below)
     a = class_weight * t
-    terms = _softmax_focal_terms(z, a, gamma)
+    if softcap is None:
+        z, dcap = raw, None
+        terms = _softmax_focal_terms(z, a, gamma, z_loss)
+    else:
+        # the terms of c - c_top (rounded once from extended precision); `z` keeps c itself
+        z, shifted, c_top, dcap = _softcap(raw, softcap)
+        terms = _softmax_focal_terms(shifted, a, gamma, z_loss, c_top)
+    capped_grad = terms.grad
+    if dcap is not None:
+        terms = terms._replace(grad=terms.grad * dcap)
     # ignored elements give 0 and no gradient, whatever their logits; masked classes no gradient
     loss = np.where(keep, terms.loss, 0.0)
     grad = np.where(keep[..., None] & valid, terms.grad, 0.0)
@@ -198,8 +285,58 @@ def _softmax_elements(
     else:
         # plain mean over the kept elements (for probability targets: those with a class left)
         denominator = np.sum(keep)
-    terms = terms._replace(loss=loss, grad=grad)
-    return SoftmaxIntermediates(terms, z, a, keep, valid, float(denominator), axis)
+    terms = terms._replace(
+        loss=loss,
+        grad=grad,
+        lse=np.where(keep, terms.lse, 0.0),
+        z_term=np.where(keep, terms.z_term, 0.0),
+    )
+    capped_grad = np.where(keep[..., None] & valid, capped_grad, 0.0)
+    # ``return_aux``: the largest logit (the first on ties) on the target class; for probability
+    # targets the class of the largest target mass (smoothing keeps it)
+    top_class = np.argmax(raw, axis=-1)
+    if is_index:
+        target_class = np.where(keep, _as_array(targets), 0)
+    else:
+        target_class = np.argmax(t, axis=-1)
+    correct = keep & (top_class == target_class)
+    return SoftmaxIntermediates(
+        terms,
+        z,
+        a,
+        keep,
+        valid,
+        float(denominator),
+        axis,
+        raw if dcap is not None else None,
+        dcap,
+        capped_grad,
+        z_loss,
+        softcap,
+        correct,
+    )
+
+
+def _softmax_aux(elements, reduction, normalizer):
+    """``return_aux``'s statistics: {'lse', 'z_term', 'correct'} per element for reduction 'none'
+    (0 where not kept), summed over the kept elements for 'sum', and for 'mean' that sum over
+    the number of kept elements (so 'correct' is the token accuracy; 0 when none is kept) or
+    over `normalizer` when given."""
+    terms = elements.terms
+    stats = {
+        "lse": terms.lse,
+        "z_term": terms.z_term,
+        "correct": elements.correct.astype(np.float64),
+    }
+    if reduction == "none":
+        return stats
+    sums = {key: np.sum(value) for key, value in stats.items()}
+    if normalizer is not None:
+        return {key: _normalize(value, normalizer) for key, value in sums.items()}
+    if reduction == "sum":
+        return sums
+    count = np.sum(elements.keep)
+    return {key: value / count if count else np.float64(0.0) for key, value in sums.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -218,7 +355,10 @@ def softmax_cross_entropy(
     where: ArrayLike | None = None,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
-) -> np.ndarray:
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+    return_aux: bool = False,
+) -> np.ndarray | tuple[np.ndarray, dict]:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics, computed in float64.
 
     l = -sum_c w_c t~_c log p_c,  p = softmax(logits) along `axis`,
@@ -249,9 +389,24 @@ def softmax_cross_entropy(
         micro-batch losses summed give the one-batch mean exactly. A constant: it takes no
         gradient. It needs reduction='mean' (the default); 'none' and 'sum' with a normalizer
         raise.
+      z_loss: weight >= 0 of the z-loss (PaLM; t5x's ``z_loss``): each kept element adds
+        z_loss * logsumexp(c)**2, unweighted by `weight`, which keeps the log-partition near 0.
+        Its gradient is 2 z_loss lse p_j.
+      softcap: None, or a number > 0: the logits are soft-capped first (Gemma 2),
+        c = softcap * tanh(logits / softcap), and the loss (with its z-term) is taken of c; the
+        gradient carries dc/dz = sech^2(logits / softcap). Infinite logits keep their meaning
+        (-inf a masked class, +inf a NaN element), as without the cap.
+      return_aux: also return the per-element statistics trainers log, from the same pass:
+        (loss, {'lse': logsumexp(c), 'z_term': z_loss lse**2, 'correct': 1.0 where the largest
+        logit (the first on ties) is the target class, for probability targets the class of the
+        largest target}), 0 where not kept; reduced as `reduction` says: per element for
+        'none', summed over the kept elements for 'sum', that sum over their number for 'mean'
+        (so 'correct' is the token accuracy, whatever the weights) or over `normalizer`.
+        No gradient flows through them.
 
     Returns:
-      float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise.
+      float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise;
+      with `return_aux`, (loss, aux).
 
     Example:
       >>> round(float(softmax_cross_entropy(np.array([[2.0, 0.0, -1.0]]), np.array([0]))), 6)
@@ -263,8 +418,25 @@ def softmax_cross_entropy(
     """
     reduction, normalizer = _normalizer(reduction, normalizer)
     loss, _ = _softmax(
-        logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
+        logits,
+        targets,
+        axis,
+        weight,
+        0.0,
+        False,
+        ignore_index,
+        label_smoothing,
+        where,
+        reduction,
+        z_loss,
+        softcap,
     )
+    if _checks.return_aux(return_aux):
+        elements = _softmax_elements(
+            logits, targets, axis, weight, None, 0.0, False, ignore_index, label_smoothing,
+            where, z_loss, softcap,
+        )  # fmt: skip
+        return _normalize(loss, normalizer), _softmax_aux(elements, reduction, normalizer)
     return _normalize(loss, normalizer)
 
 
@@ -279,6 +451,8 @@ def softmax_cross_entropy_grad(
     where: ArrayLike | None = None,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     wrt: SoftmaxCrossEntropyWrt = "logits",
 ) -> np.ndarray:
     """Gradient of ``softmax_cross_entropy`` (reduced as `reduction` says) w.r.t. `wrt`.
@@ -288,6 +462,8 @@ def softmax_cross_entropy_grad(
     uniform distribution over the classes inside `where`:
 
     * 'logits': dl/dz = p * sum_c v_c - v, v = w * t~; masked classes and ignored elements get 0.
+      With `z_loss` plus 2 z_loss lse p; with `softcap` the whole times sech^2(z / softcap) (and
+      p, g_c below are those of the capped logits).
     * 'targets' (probability targets only): dl/dt_c = (1 - eps) w_c g_c. A class with no
       probability (a -inf logit or outside `where`) gets +inf: its loss term -t_c log 0 is 0 at
       t_c = 0 and +inf for any t_c > 0 (the one-sided derivative is +inf, the true value);
@@ -324,11 +500,24 @@ def softmax_cross_entropy_grad(
                 where,
                 reduction,
                 wrt,
+                z_loss,
+                softcap,
             ),
             normalizer,
         )
     _, grad = _softmax(
-        logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where, reduction
+        logits,
+        targets,
+        axis,
+        weight,
+        0.0,
+        False,
+        ignore_index,
+        label_smoothing,
+        where,
+        reduction,
+        z_loss,
+        softcap,
     )
     return _normalize(grad, normalizer)
 
@@ -345,7 +534,10 @@ def softmax_focal_loss(
     where: ArrayLike | None = None,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
-) -> np.ndarray:
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+    return_aux: bool = False,
+) -> np.ndarray | tuple[np.ndarray, dict]:
     """Softmax focal loss (Lin et al.), computed in float64.
 
     l = -sum_c a_c (1 - p_c)^gamma log p_c,  a_c = alpha_c t~_c,  p = softmax(logits).
@@ -360,6 +552,9 @@ def softmax_focal_loss(
       alpha: None (no balancing), a number in [0, 1] for every class, or a length-C vector.
       reduction: 'none', 'sum', or 'mean' (over the kept elements; 0 when nothing is kept).
       normalizer: as ``softmax_cross_entropy``: 'mean' divides the sum by it instead.
+      z_loss, softcap: as ``softmax_cross_entropy``: l = focal(c) + z_loss logsumexp(c)**2 with
+        c = softcap tanh(logits / softcap) (c = logits without a cap).
+      return_aux: as ``softmax_cross_entropy``: (loss, {'lse', 'z_term', 'correct'}).
 
     Returns:
       float64 array of the logits shape without `axis` for 'none', a float64 scalar otherwise.
@@ -373,8 +568,25 @@ def softmax_focal_loss(
     """
     reduction, normalizer = _normalizer(reduction, normalizer)
     loss, _ = _softmax(
-        logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
+        logits,
+        targets,
+        axis,
+        alpha,
+        gamma,
+        True,
+        ignore_index,
+        label_smoothing,
+        where,
+        reduction,
+        z_loss,
+        softcap,
     )
+    if _checks.return_aux(return_aux):
+        elements = _softmax_elements(
+            logits, targets, axis, None, alpha, gamma, True, ignore_index, label_smoothing,
+            where, z_loss, softcap,
+        )  # fmt: skip
+        return _normalize(loss, normalizer), _softmax_aux(elements, reduction, normalizer)
     return _normalize(loss, normalizer)
 
 
@@ -390,6 +602,8 @@ def softmax_focal_loss_grad(
     where: ArrayLike | None = None,
     reduction: str = "mean",
     normalizer: ArrayLike | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     wrt: SoftmaxFocalLossWrt = "logits",
 ) -> np.ndarray:
     """Gradient of ``softmax_focal_loss`` (reduced as `reduction` says) w.r.t. `wrt`.
@@ -433,11 +647,24 @@ def softmax_focal_loss_grad(
                 where,
                 reduction,
                 wrt,
+                z_loss,
+                softcap,
             ),
             normalizer,
         )
     _, grad = _softmax(
-        logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where, reduction
+        logits,
+        targets,
+        axis,
+        alpha,
+        gamma,
+        True,
+        ignore_index,
+        label_smoothing,
+        where,
+        reduction,
+        z_loss,
+        softcap,
     )
     return _normalize(grad, normalizer)
 
@@ -461,6 +688,8 @@ def _softmax_input_grad(
     where,
     reduction,
     wrt,
+    z_loss=0.0,
+    softcap=None,
 ):
     """Gradient of a reduced softmax loss w.r.t. 'targets', 'weight', 'alpha', 'gamma' or
     'label_smoothing'. The loss is linear in t~ and in the class weights:
@@ -471,7 +700,18 @@ def _softmax_input_grad(
     if wrt in ("weight", "alpha"):
         _needs_option(wrt, weight if wrt == "weight" else alpha)
     elements = _softmax_elements(
-        logits, targets, axis, weight, alpha, gamma, is_focal, ignore_index, label_smoothing, where
+        logits,
+        targets,
+        axis,
+        weight,
+        alpha,
+        gamma,
+        is_focal,
+        ignore_index,
+        label_smoothing,
+        where,
+        z_loss,
+        softcap,
     )
     eps = _checks.unit_interval("label_smoothing", label_smoothing)
     # the unsmoothed targets t (one-hot for class indices, 0 where ignored) and the uniform

@@ -118,15 +118,18 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_lo
 
 
 def _linear_chunks(
-    h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss, kernel=False
-):
+    h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, head, rows, grad_loss,
+    kernel=False,
+):  # fmt: skip
     """The per-row losses of logits = h w^T + b, one block of `rows` rows at a time, and (with
     `grad_loss`, per-row factors) the gradients of sum_i grad_loss_i l_i w.r.t. h, w and b.
 
     Each block's (rows, V) logits are formed in the compute dtype (float32 for half inputs);
     ``_linear_block`` turns them in place into the block's gradient G, mapped through the linear
     layer at once: dh = G w, dw += G^T h, db += sum_rows G. The focal loss with label smoothing
-    takes the softmax losses' dense path (``_softmax_loss_or_grad``) instead. The accumulators
+    takes the softmax losses' dense path (``_softmax_loss_or_grad``) instead, and so do the LLM
+    head options `head` = (z_loss, softcap) (DESIGN 13): the cap and the z-term are applied to
+    each block's logits, never to an (N, V) tensor. The accumulators
     are in the compute dtype: float32 for half inputs (a bfloat16 running sum loses every small
     update). Ignored rows enter with hidden 0 (their loss and gradient are 0 whatever their
     features, NaN included). With `kernel` (``_linear_takes_triton``, decided once in forward,
@@ -144,7 +147,8 @@ def _linear_chunks(
         dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         dw = torch.zeros(w.shape, dtype=dtype, device=h.device)
         db = None if b is None else torch.zeros(b.shape, dtype=dtype, device=h.device)
-    dense = gamma != 0.0 and label_smoothing != 0.0
+    z_loss, softcap = head
+    dense = (gamma != 0.0 and label_smoothing != 0.0) or z_loss != 0.0 or softcap is not None
     # the Triton kernel (DESIGN 11): each block's loss and gradient in one launch, over the
     # block's own buffer; the matrix products stay torch's (cuBLAS)
     kernel = _kernels.softmax_ops().linear_block_ if kernel else None
@@ -168,7 +172,7 @@ def _linear_chunks(
                 continue
             grad = z
         elif dense:
-            options = (1, gamma, ignore_index, label_smoothing)
+            options = (1, gamma, ignore_index, label_smoothing, z_loss, softcap)
             block_loss = _softmax_loss_or_grad(z, y_block, None, class_weight, *options, None)
             grad = None
             if block_grad is not None:
@@ -192,12 +196,14 @@ def _linear_chunks(
     return loss, dh, dw, db
 
 
-def _linear_takes_triton(h, class_weight, label_smoothing) -> bool:
+def _linear_takes_triton(h, class_weight, label_smoothing, head) -> bool:
     """Whether the blocks take the Triton kernel (``torch_impl.kernels`` decides where): class
-    indices without label smoothing, no gradient asked of the class weight, not while
-    torch.compile traces the loop (it keeps the eager block)."""
+    indices without label smoothing or the LLM head options (the kernel has neither), no
+    gradient asked of the class weight, not while torch.compile traces the loop (it keeps the
+    eager block)."""
     return (
         label_smoothing == 0.0
+        and head == (0.0, None)
         and (class_weight is None or not class_weight.requires_grad)
         and not torch.compiler.is_compiling()
         and _kernels.use_triton(h)
@@ -216,14 +222,14 @@ class _LinearSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, w, b, y, class_weight, row_scale, options):
-        gamma, ignore_index, label_smoothing, rows, per_row = options
+        gamma, ignore_index, label_smoothing, head, rows, per_row = options
         needs = any(ctx.needs_input_grad[:3])
         grad_loss = None
         if needs and not per_row:
             grad_loss = row_scale.expand(h.shape[0])
-        ctx.kernel = _linear_takes_triton(h, class_weight, label_smoothing)
+        ctx.kernel = _linear_takes_triton(h, class_weight, label_smoothing, head)
         loss, dh, dw, db = _linear_chunks(
-            h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss,
+            h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, head, rows, grad_loss,
             ctx.kernel,
         )  # fmt: skip
         ctx.save_for_backward(h, w, b, y, class_weight, row_scale)
@@ -238,7 +244,7 @@ class _LinearSoftmax(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         h, w, b, y, class_weight, row_scale = ctx.saved_tensors
-        gamma, ignore_index, label_smoothing, rows, per_row = ctx.options
+        gamma, ignore_index, label_smoothing, head, rows, per_row = ctx.options
         if ctx.precomputed is not None:
             dh, dw, db = ctx.precomputed
             ctx.precomputed = None
@@ -246,8 +252,8 @@ class _LinearSoftmax(torch.autograd.Function):
         else:
             grad_loss = grad_output if per_row else (row_scale * grad_output).expand(h.shape[0])
             _, dh, dw, db = _linear_chunks(
-                h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, rows, grad_loss,
-                ctx.kernel,
+                h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, head, rows,
+                grad_loss, ctx.kernel,
             )  # fmt: skip
             scale = None
         if scale is not None:
@@ -271,6 +277,8 @@ def _linear_softmax(
     label_smoothing,
     reduction,
     normalizer,
+    z_loss,
+    softcap,
     chunk_size,
 ):
     """Validates the fused loss's arguments and applies ``_LinearSoftmax`` to the rows of
@@ -293,6 +301,7 @@ def _linear_softmax(
     chunk_size = _checks.chunk_size(chunk_size)
     ignore_index = _checks.ignore_index(ignore_index)
     label_smoothing = _unit_interval("label_smoothing", label_smoothing)
+    head = (_checks.z_loss(z_loss), _checks.softcap(softcap))
     if is_focal:
         gamma = _gamma(gamma)
         name = "alpha"
@@ -350,11 +359,11 @@ def _linear_softmax(
         row_scale = torch.ones((), dtype=dtype, device=hidden.device)
     if chunk_size is None:
         # the dense path (label smoothing) holds ~8 temporaries per block, the gather path ~3
-        budget = (1 << 22) if label_smoothing == 0.0 else (1 << 19)
+        budget = (1 << 22) if label_smoothing == 0.0 and head == (0.0, None) else (1 << 19)
         # up to 1/16 of the logits (64 MiB blocks at most): at (4096, 256, 32000) 256 rows, 1.3x
         # faster than 128 rows on CPU, the block 0.0625x the logits
         chunk_size = _checks.default_chunk_size(h.shape[0], num_classes, budget, fraction=16)
-    options = (gamma, ignore_index, label_smoothing, chunk_size, reduction == "none")
+    options = (gamma, ignore_index, label_smoothing, head, chunk_size, reduction == "none")
     loss = _LinearSoftmax.apply(h, linear_weight, bias, y, class_weight, row_scale, options)
     if reduction == "none":
         loss = loss.reshape(targets.shape)
@@ -372,6 +381,8 @@ def linear_softmax_cross_entropy(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     normalizer: Tensor | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     chunk_size: int | None = None,
 ) -> Tensor:
     """Softmax cross entropy of ``F.linear(hidden, linear_weight, bias)`` without the (N, V)
@@ -383,7 +394,8 @@ def linear_softmax_cross_entropy(
     half inputs, float32 copies of `linear_weight` and its gradient accumulator. Result in the
     hidden dtype (half precision computed in float32). Gradients for `hidden`, `linear_weight`
     and `bias`; a class `weight` that requires grad raises (no gradient is given for it). A
-    mean over no kept row is 0.
+    mean over no kept row is 0. `z_loss`, `softcap` (DESIGN 13): applied to each block's
+    logits (the dense block path, 512K-entry blocks; not the Triton kernel).
     """
     return _linear_softmax(
         hidden,
@@ -397,6 +409,8 @@ def linear_softmax_cross_entropy(
         label_smoothing,
         reduction,
         normalizer,
+        z_loss,
+        softcap,
         chunk_size,
     )
 
@@ -413,6 +427,8 @@ def linear_softmax_focal_loss(
     label_smoothing: float = 0.0,
     reduction: str = "mean",
     normalizer: Tensor | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
     chunk_size: int | None = None,
 ) -> Tensor:
     """Softmax focal loss of ``F.linear(hidden, linear_weight, bias)`` without the (N, V) logits
@@ -430,5 +446,7 @@ def linear_softmax_focal_loss(
         label_smoothing,
         reduction,
         normalizer,
+        z_loss,
+        softcap,
         chunk_size,
     )

@@ -93,6 +93,20 @@ def _log_softmax(z):
     return log_p, log_not_p, p, not_p, is_top, s, log1p_s
 
 
+def _softcap(z, softcap):
+    """c = softcap tanh(z / softcap) and dc/dz = sech^2(z / softcap) (``spec._softcap``), or
+    (z, None) without a cap. Infinite logits keep their meaning: -inf a masked class, +inf a NaN
+    row (DESIGN 5), where tanh would make them finite."""
+    if softcap is None:
+        return z, None
+    x = z / softcap
+    # sech^2 x = 4 e / (1 + e)^2, e = exp(-2 |x|): no 1 - tanh^2 cancellation, no overflow
+    e = torch.exp(-2.0 * x.abs())
+    dcap = 4.0 * e / ((1.0 + e) * (1.0 + e))
+    c = torch.where(torch.isinf(z), z, softcap * torch.tanh(x))
+    return c, dcap
+
+
 def _focal_phi(log_p, p, not_p, is_top, s, log1p_s):
     """phi(p) = p log p / (1 - p), in [-1, 0]: phi(0) = 0, phi -> -1 as p -> 1.
 
@@ -205,17 +219,47 @@ def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss):
     return grad.scatter(-1, y, -not_p * coefficient)
 
 
+def _z_term(c, z_loss, grad_loss):
+    """The z-loss z_loss lse^2 per element ([...]), lse = logsumexp(c), or its gradient
+    2 z_loss lse p times `grad_loss` ([..., C]) (``spec._softmax_focal_terms``)."""
+    lse = torch.logsumexp(c, dim=-1, keepdim=True)
+    if grad_loss is None:
+        return z_loss * (lse * lse).squeeze(-1)
+    # d/dc_j lse^2 = 2 lse p_j, p_j = exp(c_j - lse)
+    return (2.0 * z_loss) * (grad_loss.unsqueeze(-1) * lse) * torch.exp(c - lse)
+
+
 def _softmax_loss_or_grad(
-    logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, grad_loss
+    logits,
+    targets,
+    where,
+    class_weight,
+    axis,
+    gamma,
+    ignore_index,
+    label_smoothing,
+    z_loss,
+    softcap,
+    grad_loss,
 ):
-    """The per-element loss (`grad_loss` None) or the logits' gradient (times `grad_loss`)."""
+    """The per-element loss (`grad_loss` None) or the logits' gradient (times `grad_loss`).
+
+    With `softcap` the terms are those of the capped logits c and the gradient is taken through
+    the cap (times dc/dz); `z_loss` adds z_loss lse(c)^2 per element."""
     z, a, y, a_y, keep, valid = _softmax_targets(
         logits, targets, where, class_weight, axis, ignore_index, label_smoothing
     )
+    # soft-capping: c = softcap tanh(z / softcap), a fresh tensor (the terms may work in place)
+    z, dcap = _softcap(z, softcap)
     if a is None:
         result = _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss)
     else:
         result = _softmax_focal_terms(z, a, gamma, grad_loss)
+    if z_loss != 0.0:
+        result = result + _z_term(z, z_loss, grad_loss)
+    if dcap is not None and grad_loss is not None:
+        # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+        result = result * dcap
     if grad_loss is None:
         # ignored elements give 0, whatever their logits
         return result if keep is None else torch.where(keep, result, 0.0)
@@ -232,7 +276,8 @@ def _softmax_loss_or_grad(
     return grad.movedim(-1, axis).to(logits.dtype)
 
 
-# saves logits, targets, where, class_weight; axis, gamma, ignore_index, label_smoothing are options
+# saves logits, targets, where, class_weight; axis, gamma, ignore_index, label_smoothing, z_loss,
+# softcap are options
 _softmax_focal_loss = _with_closed_form_grad(_softmax_loss_or_grad, 4)
 
 
@@ -502,7 +547,7 @@ class _SoftmaxTriton(torch.autograd.Function):
         if torch.is_grad_enabled():
             scale = grad_loss if divisor is None else grad_loss / divisor
             grad = _softmax_loss_or_grad(
-                z, y, None, w, ctx.axis, ctx.gamma, ctx.ignore_index, 0.0, scale
+                z, y, None, w, ctx.axis, ctx.gamma, ctx.ignore_index, 0.0, 0.0, None, scale
             )
         elif grad is None:
             # half precision: recomputed with the incoming gradient, one rounding
@@ -652,6 +697,109 @@ class _VocabParallel(torch.autograd.Function):
         return grad, None, grad_a, None, None, None, None
 
 
+class _SoftCap(torch.autograd.Function):
+    """c = softcap tanh(z / softcap) (``_softcap``: -inf stays a masked class, +inf a NaN row),
+    with the closed-form backward dc/dz = sech^2(z / softcap) = 4 e / (1 + e)^2,
+    e = exp(-2 |z / softcap|): no 1 - tanh^2 cancellation where the logits are far beyond the
+    cap (autograd's tanh backward loses every digit of sech^2 there). Works on one fresh
+    temporary each way (in place where no graph of the backward is recorded)."""
+
+    @staticmethod
+    def forward(ctx, z, softcap):
+        ctx.save_for_backward(z)
+        ctx.softcap = softcap
+        c = (z / softcap).tanh_().mul_(softcap)
+        return torch.where(torch.isinf(z), z, c)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (z,) = ctx.saved_tensors
+        if torch.is_grad_enabled():
+            # create_graph: out of place, differentiable
+            return grad * _softcap(z, ctx.softcap)[1], None
+        # e = exp(-2 |x|), then sech^2 x = 4 e / (1 + e)^2, in the quotient's buffer
+        e = (z / ctx.softcap).abs_().mul_(-2.0).exp_()
+        denominator = (e + 1.0).square_()
+        return e.mul_(4.0).div_(denominator).mul_(grad), None
+
+
+class _ZTerm(torch.autograd.Function):
+    """z_loss lse(c)^2 per element, 0 where not `keep` (class axis last); backward the closed
+    form 2 z_loss lse p_j (``spec._softmax_focal_terms``), 0 on rows not kept whatever their
+    logits (NaN included), in one fresh buffer."""
+
+    @staticmethod
+    def forward(ctx, c, keep, z_loss):
+        lse = torch.logsumexp(c, dim=-1, keepdim=True)
+        ctx.save_for_backward(c, lse, keep)
+        ctx.z_loss = z_loss
+        z_term = z_loss * (lse * lse).squeeze(-1)
+        return z_term if keep is None else torch.where(keep, z_term, 0.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        c, lse, keep = ctx.saved_tensors
+        coefficient = (2.0 * ctx.z_loss) * lse * grad.unsqueeze(-1)
+        if torch.is_grad_enabled():
+            # create_graph: out of place, differentiable (lse recomputed inside the graph)
+            lse = torch.logsumexp(c, dim=-1, keepdim=True)
+            coefficient = (2.0 * ctx.z_loss) * lse * grad.unsqueeze(-1)
+            result = torch.exp(c - lse) * coefficient
+            return (
+                (result if keep is None else torch.where(keep.unsqueeze(-1), result, 0.0)),
+                None,
+                None,
+            )
+        # p_j = exp(c_j - lse)
+        result = (c - lse).exp_().mul_(coefficient)
+        if keep is not None:
+            result.masked_fill_(~keep.unsqueeze(-1), 0.0)
+        return result, None, None
+
+
+def _softmax_head(
+    logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, is_index,
+    z_loss, softcap,
+):  # fmt: skip
+    """The per-element loss with the LLM head options (DESIGN 13): the loss of the capped
+    logits c through the plain loss's own paths (the class-index fast path where it applies),
+    plus z_loss lse(c)^2 on the kept elements. Each part has its closed-form derivative: the cap
+    ``_SoftCap``, the loss its own, the z-term ``_ZTerm`` (2 z_loss lse p). Computed in float32
+    for half inputs (c is a float32 temporary)."""
+    c = logits.to(_compute_dtype(logits.dtype))
+    if softcap is not None:
+        c = _SoftCap.apply(c, softcap)
+    if _at_target(c, class_weight, label_smoothing, is_index):
+        loss = _softmax_at_target(c, targets, where, class_weight, axis, gamma, ignore_index)
+    else:
+        loss = _softmax_focal_loss(
+            c, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, 0.0, None
+        )
+    if z_loss == 0.0:
+        return loss
+    c = c.movedim(axis, -1)
+    valid = None if where is None else where.expand(logits.shape).movedim(axis, -1)
+    keep = _softmax_keep(targets, valid, ignore_index, is_index)
+    if valid is not None:
+        # classes outside `where` leave the softmax: a logit of -inf
+        c = c.masked_fill(~valid, -math.inf)
+    return loss + _ZTerm.apply(c, keep, z_loss)
+
+
+def _vocab_parallel_refuses(z_loss, softcap):
+    """The LLM head options are not implemented over a process group: one sentence each."""
+    if z_loss != 0.0:
+        raise ValueError(
+            "`z_loss` is not supported with `process_group` (yet): pass 0.0. "
+            f"Received: z_loss={z_loss!r}."
+        )
+    if softcap is not None:
+        raise ValueError(
+            "`softcap` is not supported with `process_group` (yet): pass None. "
+            f"Received: softcap={softcap!r}."
+        )
+
+
 def _softmax_vocab_parallel(
     logits, targets, class_weight, axis, gamma, ignore_index, label_smoothing, where, is_index,
     start, group,
@@ -704,9 +852,34 @@ def _softmax(
     where,
     reduction,
     normalizer,
+    z_loss,
+    softcap,
+    return_aux,
     process_group,
 ):
     reduction, normalizer = _normalizer(reduction, normalizer)
+    z_loss = _checks.z_loss(z_loss)
+    softcap = _checks.softcap(softcap)
+    if _checks.return_aux(return_aux):
+        if process_group is not None or _is_dtensor(logits):
+            raise ValueError(
+                "`return_aux` is not supported with `process_group` (yet): pass False. "
+                "Received: return_aux=True."
+            )
+        loss = _softmax(
+            logits, targets, axis, class_weight_arg, gamma, is_focal, ignore_index,
+            label_smoothing, where, reduction, normalizer, z_loss, softcap, False, None,
+        )  # fmt: skip
+        logits, targets, where, _, axis, ignore_index, _, is_index = _softmax_inputs(
+            logits, targets, axis, None, None, ignore_index, label_smoothing, where, None
+        )
+        aux = _softmax_aux(
+            logits, targets, where, axis, ignore_index, is_index, z_loss, softcap, reduction,
+            normalizer,
+        )  # fmt: skip
+        return loss, aux
+    # the LLM head options (DESIGN 13) take the closed-form eager path
+    head_options = z_loss != 0.0 or softcap is not None
     if is_focal:
         gamma = _gamma(gamma)
         weight, alpha = None, class_weight_arg
@@ -727,6 +900,7 @@ def _softmax(
         )
     )
     if process_group is not None:
+        _vocab_parallel_refuses(z_loss, softcap)
         loss = _softmax_vocab_parallel(
             logits, targets, class_weight, axis, gamma, ignore_index, label_smoothing, where,
             is_index, start, process_group,
@@ -739,7 +913,11 @@ def _softmax(
     # with a normalizer the kernel sums and the division follows: one rounding of the quotient
     # needs the sum in at least the working precision, so half precision takes the eager path
     exact_sum = normalizer is None or logits.dtype in (torch.float32, torch.float64)
-    if exact_sum and _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
+    if (
+        exact_sum
+        and not head_options
+        and _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index)
+    ):
         # the kernel's op reduces: torch's weighted mean for the weighted cross entropy, the
         # kept elements otherwise (0 kept: a mean of 0)
         weighted = not is_focal and class_weight is not None
@@ -750,16 +928,51 @@ def _softmax(
         if normalizer is not None:
             loss = _reduce(loss, reduction, normalizer).to(logits.dtype)
         return loss
-    if _at_target(logits, class_weight, label_smoothing, is_index):
+    if head_options:
+        loss = _softmax_head(
+            logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing,
+            is_index, z_loss, softcap,
+        )  # fmt: skip
+    elif _at_target(logits, class_weight, label_smoothing, is_index):
         loss = _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index)
     else:
         loss = _softmax_focal_loss(
-            logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing
-        )
+            logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing,
+            0.0, None,
+        )  # fmt: skip
     return _softmax_reduce(
         loss, logits, targets, where, class_weight, axis, ignore_index, is_index, is_focal,
         reduction, normalizer,
     )  # fmt: skip
+
+
+def _softmax_aux(
+    logits, targets, where, axis, ignore_index, is_index, z_loss, softcap, reduction, normalizer
+):
+    """``return_aux``'s statistics (``spec._aux``): per-element lse of the capped logits, the
+    z-term and whether the largest logit is the target class (0 where not kept), reduced as the
+    spec says, in the logits' dtype; no gradient flows through them."""
+    with torch.no_grad():
+        if targets.is_floating_point():
+            targets = targets.detach()
+        z, a, y, _, keep, _ = _softmax_targets(
+            logits.detach(), targets, where, None, axis, ignore_index, 0.0
+        )
+        c, _ = _softcap(z, softcap)
+        lse = torch.logsumexp(c, dim=-1)
+        # the largest logit (the first on ties) on the target class; for probability targets
+        # the class of the largest target mass
+        target_class = y.squeeze(-1) if is_index else torch.argmax(a, dim=-1)
+        correct = torch.argmax(z, dim=-1) == target_class
+        if keep is not None:
+            correct = correct & keep
+            lse = torch.where(keep, lse, 0.0)
+        stats = {"lse": lse, "z_term": z_loss * lse * lse, "correct": correct.to(lse.dtype)}
+        count = lse.numel() if keep is None else keep.sum()
+        divisor = _mean_divisor(count, normalizer)
+        return {
+            key: _reduce(value, reduction, divisor).to(logits.dtype) for key, value in stats.items()
+        }
 
 
 def _softmax_reduce(
@@ -805,8 +1018,11 @@ def softmax_cross_entropy(
     where: Tensor | None = None,
     reduction: str = "mean",
     normalizer: Tensor | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+    return_aux: bool = False,
     process_group: dist.ProcessGroup | None = None,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, dict]:
     """Softmax cross entropy, torch ``F.cross_entropy`` semantics (``spec.softmax_cross_entropy``).
 
     Differs from the spec: class axis default 1 (torch layout); the result is a tensor in the
@@ -822,7 +1038,10 @@ def softmax_cross_entropy(
     same loss and its slice's gradient. A DTensor `logits` sharded on the class axis of a 1-D
     mesh works without `process_group`, as ``loss_parallel`` does (the loss a replicated
     DTensor). Class-index targets only; no `label_smoothing`, no `where` (use -inf logits), not
-    twice differentiable.
+    twice differentiable. `z_loss` and `softcap` (DESIGN 13, see the spec) take the eager
+    closed-form path (not the Triton kernel, not the class-index fast path); with
+    `process_group` they raise. `return_aux=True` returns (loss, {'lse', 'z_term',
+    'correct'}) as the spec, in the logits' dtype (one more logsumexp pass, no gradient).
     """
     return _softmax(
         logits,
@@ -836,6 +1055,9 @@ def softmax_cross_entropy(
         where,
         reduction,
         normalizer,
+        z_loss,
+        softcap,
+        return_aux,
         process_group,
     )
 
@@ -852,13 +1074,17 @@ def softmax_focal_loss(
     where: Tensor | None = None,
     reduction: str = "mean",
     normalizer: Tensor | float | None = None,
+    z_loss: float = 0.0,
+    softcap: float | None = None,
+    return_aux: bool = False,
     process_group: dist.ProcessGroup | None = None,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, dict]:
     """Softmax focal loss (see ``spec.softmax_focal_loss``), class axis default 1.
 
     Result in the logits' dtype (half precision computed in float32), closed-form gradient,
     bounded for every gamma >= 0. `process_group` (class-sharded logits, global targets, the
     global `alpha` vector): as in ``softmax_cross_entropy``, the same three numbers per row.
+    `z_loss`, `softcap`: as ``softmax_cross_entropy``.
     """
     return _softmax(
         logits,
@@ -872,5 +1098,8 @@ def softmax_focal_loss(
         where,
         reduction,
         normalizer,
+        z_loss,
+        softcap,
+        return_aux,
         process_group,
     )
