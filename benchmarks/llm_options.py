@@ -28,7 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from benchmarks.run import KEPT_ALLOCATOR, allocator_line, make_inputs, parse_shapes
+from benchmarks.run import allocator_line, make_inputs, parse_shapes, reexec_for_allocator
 from dualloss import losses
 
 SHAPES = ((4096, 1000), (512, 32000))
@@ -163,10 +163,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if not all(os.environ.get(k) == v for k, v in KEPT_ALLOCATOR.items()):
-        os.execve(
-            sys.executable,
-            [sys.executable, "-m", "benchmarks.llm_options", *sys.argv[1:]],
-            dict(os.environ, **KEPT_ALLOCATOR),
-        )
+    reexec_for_allocator(sys.argv[1:], "benchmarks.llm_options")
     sys.exit(main())

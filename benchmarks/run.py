@@ -1161,9 +1161,9 @@ def allocator_line() -> str:
     )
 
 
-def _reexec_for_allocator(argv: Sequence[str]) -> None:
+def reexec_for_allocator(argv: Sequence[str], module: str = "benchmarks.run") -> None:
     """`--allocator kept` (the default) needs the environment set before the process starts:
-    start this module again with it (once; the variables mark the second start)."""
+    start `module` again with it (once; the variables mark the second start)."""
     if "--allocator=default" in argv or (
         "--allocator" in argv and argv[argv.index("--allocator") + 1 :][:1] == ["default"]
     ):
@@ -1171,9 +1171,9 @@ def _reexec_for_allocator(argv: Sequence[str]) -> None:
     if all(os.environ.get(k) == v for k, v in KEPT_ALLOCATOR.items()):
         return
     env = dict(os.environ, **KEPT_ALLOCATOR)
-    os.execve(sys.executable, [sys.executable, "-m", "benchmarks.run", *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
 
 
 if __name__ == "__main__":
-    _reexec_for_allocator(sys.argv[1:])
+    reexec_for_allocator(sys.argv[1:])
     sys.exit(main())

@@ -28,7 +28,13 @@ import sys
 import time
 from collections.abc import Sequence
 
-from benchmarks.run import DEFAULT_SHAPES, KEPT_ALLOCATOR, allocator_line, make_inputs, parse_shapes
+from benchmarks.run import (
+    DEFAULT_SHAPES,
+    allocator_line,
+    make_inputs,
+    parse_shapes,
+    reexec_for_allocator,
+)
 from dualloss import losses
 
 
@@ -124,10 +130,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if not all(os.environ.get(k) == v for k, v in KEPT_ALLOCATOR.items()):
-        os.execve(
-            sys.executable,
-            [sys.executable, "-m", "benchmarks.softmax_floor", *sys.argv[1:]],
-            dict(os.environ, **KEPT_ALLOCATOR),
-        )
+    reexec_for_allocator(sys.argv[1:], "benchmarks.softmax_floor")
     sys.exit(main())

@@ -48,7 +48,15 @@ from .. import losses
 from . import backends as B
 from . import devices as D
 from .cases import DTYPE_MAX, Case, make_cases
-from .findings import GRAD_PREFIX, OPTION_PREFIX, UNNAMED_NOTE, CheckReport, Hazard, _name_of
+from .findings import (
+    GRAD_PREFIX,
+    OPTION_PREFIX,
+    UNNAMED_NOTE,
+    CheckReport,
+    Hazard,
+    _name_of,
+    shrink_search,
+)
 from .linear import check as check_linear
 from .runner import Failure, evaluate, make_failure, minimise
 from .tolerance import ACCEPT_ALL_IGNORED_NAN, ALL_IGNORED_NAN, STANDARDS
@@ -795,7 +803,6 @@ def _explore(
     """Hypothesis search for a failing input; returns (shrunk Failure or None, examples run).
     It draws only the features the candidate supports (`unsupported` from the probes)."""
     try:
-        from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import strategies as st
     except ImportError:
         return None, 0
@@ -845,37 +852,22 @@ def _explore(
         z = np.where(masked.reshape(n, c) & (t == 0.0) & mask_prob, -np.inf, z)
         return z, t
 
-    state = {"count": 0, "last": None}
-
-    @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
-              report_multiple_bugs=False)  # fmt: skip
-    @given(inputs())
-    def search(data):
+    def attempt(data):
         z, t = data
-        state["count"] += 1
         case = Case(info, "hypothesis", "example", z, t, dict(options))
         if not fits(case, options):
-            return
+            return None
         prep = B.prepare(case, dtype)
         kind, judgement, outcome = evaluate(impl, prep, device, jit, standard)
-        if kind in ("ok", "skipped"):
-            return
-        state["last"] = (prep, kind, judgement, outcome)
-        raise AssertionError(kind)
+        return None if kind in ("ok", "skipped") else (prep, kind, judgement, outcome)
 
-    try:
-        search()
-    except AssertionError:
-        pass
-    except Exception:  # noqa: BLE001 - Hypothesis internals; report, do not crash
-        return None, state["count"]
-    if state["last"] is None:
-        return None, state["count"]
-    prep, kind, judgement, outcome = state["last"]
+    last, count = shrink_search(inputs(), attempt, max_examples)
+    if last is None:
+        return None, count
+    prep, kind, judgement, outcome = last
     failure = make_failure(impl, prep, label, mode, kind, judgement, outcome)
     failure.case = "hypothesis (shrunk)"
-    return failure, state["count"]
+    return failure, count
 
 
 def resolve(spec: str) -> Any:

@@ -339,3 +339,34 @@ def _name_of(candidate) -> tuple[str, str, str]:
     if inspect.isfunction(candidate) and own.isidentifier() and own != "<lambda>":
         return name, "", own
     return name, "", "candidate"
+
+
+def shrink_search(strategy, attempt, max_examples):
+    """Hypothesis search with shrinking, the one used by ``_check`` and ``linear``: derandomized,
+    no example database, no deadline, every health check off, generate then shrink.
+
+    `attempt(data)` judges one drawn input and returns None where it holds, else a record of the
+    failure (its second entry the failure's kind). Returns (the last record, that of the shrunk
+    input, or None; the examples run); None too where Hypothesis itself raised."""
+    from hypothesis import HealthCheck, Phase, given, settings
+
+    state = {"count": 0, "last": None}
+
+    @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
+              report_multiple_bugs=False)  # fmt: skip
+    @given(strategy)
+    def search(data):
+        state["count"] += 1
+        found = attempt(data)
+        if found is not None:
+            state["last"] = found
+            raise AssertionError(found[1])
+
+    try:
+        search()
+    except AssertionError:
+        pass
+    except Exception:  # noqa: BLE001 - Hypothesis internals; report, do not crash
+        return None, state["count"]
+    return state["last"], state["count"]

@@ -80,7 +80,15 @@ from . import backends as B
 from . import devices as D
 from .backends import _literal
 from .cases import DTYPE_MAX
-from .findings import UNNAMED_NOTE, CheckReport, Hazard, _name_of, _plain, unsupported_lines
+from .findings import (
+    UNNAMED_NOTE,
+    CheckReport,
+    Hazard,
+    _name_of,
+    _plain,
+    shrink_search,
+    unsupported_lines,
+)
 from .runner import Record, _short
 from .tolerance import (
     ACCEPT_ALL_IGNORED_NAN,
@@ -911,7 +919,6 @@ def _explore(candidate, backend, info, options, dtype, with_bias, dev, jit, stan
     every row (the all-ignored region judges that); the features the candidate lacks are not
     drawn. `failure_of(prep, kind, judgement, outcome)` makes the report's failure."""
     try:
-        from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import strategies as st
     except ImportError:
         return None, 0
@@ -943,35 +950,18 @@ def _explore(candidate, backend, info, options, dtype, with_bias, dev, jit, stan
         hidden = np.clip(hidden.reshape(n, h), -big, big)
         return hidden, kernel.reshape(h, v), bias, targets.astype(np.int64)
 
-    state = {"count": 0, "last": None}
-
-    @settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck), phases=[Phase.generate, Phase.shrink],
-              report_multiple_bugs=False)  # fmt: skip
-    @given(draw_inputs())
-    def search(data):
+    def attempt(data):
         hidden, kernel, bias, targets = data
-        state["count"] += 1
         case = LinearCase(info, "hypothesis", "drawn", hidden, kernel, bias, targets,
                           option_values(dict(options), kernel.shape[1]))  # fmt: skip
         if not with_bias:
             case = case.folded()
         prep = prepare(case, dtype)
         kind, judgement, outcome = evaluate(candidate, backend, info, prep, dev, jit, standard)
-        if kind in ("ok", ALL_IGNORED_NAN):
-            return
-        state["last"] = (prep, kind, judgement, outcome)
-        raise AssertionError(kind)
+        return None if kind in ("ok", ALL_IGNORED_NAN) else (prep, kind, judgement, outcome)
 
-    try:
-        search()
-    except AssertionError:
-        pass
-    except Exception:  # noqa: BLE001 - Hypothesis internals; report, do not crash
-        return None, state["count"]
-    if state["last"] is None:
-        return None, state["count"]
-    return failure_of(*state["last"]), state["count"]
+    last, count = shrink_search(draw_inputs(), attempt, max_examples)
+    return (None, count) if last is None else (failure_of(*last), count)
 
 
 def check(
