@@ -32,6 +32,7 @@ if not dist.is_available():
 
 import torch.multiprocessing as mp  # noqa: E402
 
+from dualloss import spec  # noqa: E402
 from dualloss import torch_impl as ti  # noqa: E402
 from dualloss.parity.tolerance import judge  # noqa: E402
 
@@ -60,6 +61,35 @@ CASES = [
     for dtype in DTYPES
 ]
 DTENSOR_CASES = [("ce", "mean", "mixed", "float32"), ("focal_alpha", "sum", "mixed", "float64")]
+# the options past the three-number path (DESIGN 13 head options, label smoothing, `where`): each
+# in float64 and float32, with return_aux in a second call; "mask" is a class mask (sliced like
+# the logits), "rows" a per-element one
+OPTION_LOSSES = {
+    "ce_z_loss": ("softmax_cross_entropy", {"z_loss": 1e-2}),
+    "ce_softcap_weight": (
+        "softmax_cross_entropy",
+        {"softcap": 5.0, "weight": "vector", "reduction": "none"},
+    ),
+    "focal_head_alpha": (
+        "softmax_focal_loss",
+        {"gamma": 2.0, "alpha": "vector", "z_loss": 1e-3, "softcap": 10.0},
+    ),
+    "ce_smoothing": ("softmax_cross_entropy", {"label_smoothing": 0.1, "reduction": "none"}),
+    "ce_smoothing_one_sum": (
+        "softmax_cross_entropy",
+        {"label_smoothing": 1.0, "reduction": "sum", "where": "mask"},
+    ),
+    "ce_smoothing_where_weight": (
+        "softmax_cross_entropy",
+        {"label_smoothing": 0.2, "where": "mask", "weight": "vector", "z_loss": 1e-2},
+    ),
+    "focal_where_softcap": ("softmax_focal_loss", {"gamma": 0.5, "where": "mask", "softcap": 3.0}),
+    "ce_where_rows_normalizer": (
+        "softmax_cross_entropy",
+        {"where": "rows", "normalizer": 4.0, "z_loss": 1e-2},
+    ),
+}
+OPTION_CASES = [(loss, dtype) for loss in OPTION_LOSSES for dtype in ("float64", "float32")]
 FORBIDDEN = (
     "all_gather",
     "all_gather_into_tensor",
@@ -97,6 +127,35 @@ def _inputs(rows):
     return logits, targets
 
 
+def _mask(kind):
+    """The `where` of the option cases (global): a class mask with the -inf classes of row 3 out
+    (so that smoothing leaves them), some classes of row 6 out, row 7 without a class (left
+    out) and row 8's target out (ignored); or a per-element mask of the batch shape."""
+    if kind == "rows":
+        # (N, 1), broadcast over the classes: a mask of shape (N,) would be read as a class mask
+        # on a rank whose slice has N classes (optax's rule: a mask that broadcasts is one)
+        return (np.arange(N) % 3 != 0)[:, None]
+    _, targets = _inputs("mixed")
+    mask = np.ones((N, C), bool)
+    mask[3, [0, 1, 2, 8, 11]] = False
+    mask[6, 9:12] = False
+    mask[7] = False
+    mask[8, targets[8]] = False
+    return mask
+
+
+def _option_options(loss):
+    """(name, options of the global call, those for the spec) of an option case."""
+    name, options = LOSSES[loss] if loss in LOSSES else OPTION_LOSSES[loss]
+    options = dict(options)
+    for key, value in options.items():
+        if value == "vector":
+            options[key] = np.linspace(0.2, 1.0, C)
+        elif key == "where":
+            options[key] = _mask(value)
+    return name, options
+
+
 def _options(loss, reduction):
     name, options = LOSSES[loss]
     options = {**options, **REDUCTIONS[reduction]}
@@ -108,7 +167,9 @@ def _options(loss, reduction):
 
 def _torch_options(options, dtype):
     return {
-        key: torch.tensor(value, dtype=dtype) if isinstance(value, np.ndarray) else value
+        key: torch.tensor(value, dtype=torch.bool if value.dtype == bool else dtype)
+        if isinstance(value, np.ndarray)
+        else value
         for key, value in options.items()
     }
 
@@ -116,7 +177,7 @@ def _torch_options(options, dtype):
 def _call(name, logits, targets, options, **extra):
     """(value, gradient) of one call; 'none' differentiates the sum of the elements."""
     loss = getattr(ti, name)(logits, targets, **options, **extra)
-    total = loss.sum() if options["reduction"] == "none" else loss
+    total = loss.sum() if options.get("reduction") == "none" else loss
     total.backward()
     return loss
 
@@ -177,8 +238,34 @@ def _worker_cases(rank, world, results):
             local.grad.double().numpy(),
             list(calls),
         )
+    _worker_options(rank, world, results, start, sizes[rank])
     _worker_dtensor(rank, world, results)
     _worker_errors(rank, world, results)
+
+
+def _worker_options(rank, world, results, start, size):
+    results["options"] = {}
+    logits, targets = _inputs("mixed")
+    for case in OPTION_CASES:
+        loss, dtype_name = case
+        dtype = getattr(torch, dtype_name)
+        name, options = _option_options(loss)
+        options = _torch_options(options, dtype)
+        where = options.get("where")
+        if where is not None and where.shape[-1] == C:
+            # a class mask: this rank's slice, like the logits
+            options["where"] = where[:, start : start + size]
+        local = torch.tensor(logits[:, start : start + size], dtype=dtype, requires_grad=True)
+        group = {"process_group": dist.group.WORLD}
+        value = _call(name, local, torch.tensor(targets), options, **group)
+        _, aux = getattr(ti, name)(
+            local.detach(), torch.tensor(targets), **options, **group, return_aux=True
+        )
+        results["options"][case] = (
+            value.detach().double().numpy(),
+            local.grad.double().numpy(),
+            {key: stat.double().numpy() for key, stat in aux.items()},
+        )
 
 
 def _worker_dtensor(rank, world, results):
@@ -234,9 +321,16 @@ def _worker_errors(rank, world, results):
         "probabilities": lambda: ti.softmax_cross_entropy(
             local, torch.full((N, sizes[rank]), 0.1), process_group=dist.group.WORLD
         ),
-        "label_smoothing": lambda: ti.softmax_cross_entropy(
+        "label_smoothing": lambda: ti.softmax_focal_loss(
             local, torch.tensor(targets), label_smoothing=0.1, process_group=dist.group.WORLD
         ),
+        "smoothing_weight_grad": lambda: ti.softmax_cross_entropy(
+            local,
+            torch.tensor(targets),
+            weight=torch.ones(C, requires_grad=True),
+            label_smoothing=0.1,
+            process_group=dist.group.WORLD,
+        ),  # fmt: skip
         "replicated_dtensor": lambda: ti.softmax_cross_entropy(
             DTensor.from_local(
                 torch.zeros(N, C), init_device_mesh("cpu", (world,)), [Replicate()], run_check=False
@@ -288,22 +382,28 @@ def _gathered(ranks, key, case):
 
 def _judge_against_spec_and_unsharded(case, value, grad, context):
     loss, reduction, rows, dtype_name = case
-    dtype = getattr(torch, dtype_name)
     name, options = _options(loss, reduction)
     logits, targets = _inputs(rows)
+    _judge_call(name, options, logits, targets, dtype_name, value, grad, f"{context} {case}")
+
+
+def _judge_call(name, options, logits, targets, dtype_name, value, grad, context):
+    """The sharded call's value and gradient against the spec (strict standard) and against
+    unsharded torch_impl on the same inputs, entry by entry to the same tolerance."""
+    dtype = getattr(torch, dtype_name)
     # the inputs the candidate saw: float32 rounding is exact in float64
     seen = torch.tensor(logits, dtype=dtype).double().numpy()
     # and the class vectors it saw, rounded to its dtype like the logits
     seen_options = {
         key: torch.tensor(value, dtype=dtype).double().numpy()
-        if isinstance(value, np.ndarray)
+        if isinstance(value, np.ndarray) and value.dtype != bool
         else value
         for key, value in options.items()
     }
     assert grad.shape == seen.shape
     judgement = judge(name, seen, targets, seen_options, dtype_name, value, grad)
     problems = "; ".join(judgement.nonfinite + judgement.inaccurate)
-    assert judgement.ok, f"{context} {case} against the spec [{dtype_name}]: {problems}"
+    assert judgement.ok, f"{context} against the spec [{dtype_name}]: {problems}"
     full = torch.tensor(logits, dtype=dtype, requires_grad=True)
     one = _call(name, full, torch.tensor(targets), _torch_options(options, dtype))
     one_value, one_grad = one.detach().double().numpy(), full.grad.double().numpy()
@@ -318,7 +418,7 @@ def _judge_against_spec_and_unsharded(case, value, grad, context):
         gap = np.abs(ours - theirs)[finite]
         bound = np.broadcast_to(tolerance, theirs.shape)[finite]
         assert np.all(gap <= bound), (
-            f"{context} {case}: the {what} differs from unsharded torch_impl by "
+            f"{context}: the {what} differs from unsharded torch_impl by "
             f"{np.max(gap / np.maximum(bound, 1e-300)):.3g} x the strict tolerance"
         )
 
@@ -379,8 +479,52 @@ def test_bad_input_gets_one_sentence_naming_the_argument(world):
         assert kind == "ValueError" and message.startswith("`targets` must be class indices")
         kind, message = errors["label_smoothing"]
         assert kind == "ValueError" and "label_smoothing=0.1" in message
+        assert message.startswith("`label_smoothing` is not supported by softmax_focal_loss")
+        kind, message = errors["smoothing_weight_grad"]
+        assert kind == "ValueError" and message.startswith("`weight` must not require grad")
         kind, message = errors["replicated_dtensor"]
         assert kind == "ValueError" and "placements=(Replicate(),)" in message
+
+
+@pytest.mark.parametrize("case", OPTION_CASES, ids=["-".join(c) for c in OPTION_CASES])
+def test_head_options_smoothing_and_where_match_the_spec_and_unsharded_torch(world, case):
+    size, ranks = world
+    value, grad = _gathered(ranks, "options", case)
+    loss, dtype_name = case
+    name, options = _option_options(loss)
+    logits, targets = _inputs("mixed")
+    _judge_call(name, options, logits, targets, dtype_name, value, grad, f"{size} ranks {case}")
+
+
+@pytest.mark.parametrize("case", OPTION_CASES, ids=["-".join(c) for c in OPTION_CASES])
+def test_return_aux_over_ranks_matches_the_spec(world, case):
+    # lse and the z-term from the loss's own pass, `correct` from the first top over every rank
+    # (row 5 ties across ranks at its target: the first of the two is not the target)
+    size, ranks = world
+    loss, dtype_name = case
+    name, options = _option_options(loss)
+    logits, targets = _inputs("mixed")
+    seen = torch.tensor(logits, dtype=getattr(torch, dtype_name)).double().numpy()
+    seen_options = {
+        key: torch.tensor(value, dtype=getattr(torch, dtype_name)).double().numpy()
+        if isinstance(value, np.ndarray) and value.dtype != bool
+        else value
+        for key, value in options.items()
+    }
+    _, expected = getattr(spec, name)(seen, targets, **seen_options, return_aux=True)
+    eps = float(torch.finfo(getattr(torch, dtype_name)).eps)
+    for rank, results in ranks.items():
+        aux = results["options"][case][2]
+        assert sorted(aux) == ["correct", "lse", "z_term"], rank
+        # the count (or its mean) exactly, rounded once to the dtype
+        rounded = torch.tensor(expected["correct"]).to(getattr(torch, dtype_name)).double()
+        np.testing.assert_array_equal(aux["correct"], rounded.numpy(), err_msg=f"{case}")
+        for key in ("lse", "z_term"):
+            # a few roundings of the dtype at the statistic's scale (lse = z_top + log1p(...))
+            scale = np.max(np.abs(expected[key][np.isfinite(expected[key])]), initial=1.0)
+            np.testing.assert_allclose(
+                aux[key], expected[key], rtol=0, atol=8 * eps * scale, err_msg=f"{case} {key}"
+            )
 
 
 def test_process_group_without_torch_distributed_raises():

@@ -104,9 +104,12 @@ def _is_dtensor(x) -> bool:
 
 
 def _from_dtensor(logits, targets, axis, process_group):
-    """A DTensor `logits` sharded on the class axis of a one-dimensional mesh, as
-    ``loss_parallel`` takes it: (local logits, plain targets, the mesh's group, the mesh).
-    `targets` may be a plain tensor or a replicated DTensor (its local tensor is the whole)."""
+    """A DTensor `logits` sharded on the class axis over one dimension of its mesh, as
+    ``loss_parallel`` takes it: (local logits, local targets, that dimension's group, the layout
+    for ``_to_dtensor``). The mesh may have a second dimension that splits the batch (a
+    ``Shard`` of a batch dim) or replicates it. `targets` may be a plain tensor (this rank's rows
+    of global class indices) or a DTensor replicated over the class dimension and laid out like
+    the logits' batch (its local tensor is then this rank's rows)."""
     from torch.distributed.tensor import Replicate, Shard
 
     mesh = logits.device_mesh
@@ -117,28 +120,61 @@ def _from_dtensor(logits, targets, axis, process_group):
             "`process_group` must be None when `logits` is a DTensor (its device mesh names the "
             f"group). Received: process_group={process_group!r}."
         )
-    if mesh.ndim != 1 or placements != (Shard(class_axis),):
+    class_dims = [d for d, p in enumerate(placements) if p == Shard(class_axis)]
+    others = [p for d, p in enumerate(placements) if d not in class_dims]
+    batch_ok = all(
+        p == Replicate() or (isinstance(p, Shard) and p.dim not in (class_axis, -1)) for p in others
+    )
+    if mesh.ndim > 2 or len(class_dims) != 1 or not batch_ok:
         raise ValueError(
-            "`logits` as a DTensor must be sharded on the class axis of a one-dimensional mesh "
-            f"(placements (Shard({class_axis}),)). Received: placements={placements}, mesh of "
-            f"{mesh.ndim} dimensions."
+            "`logits` as a DTensor must be sharded on the class axis over one dimension of a "
+            f"one- or two-dimensional mesh (placements (Shard({class_axis}),), or (Shard(0) or "
+            f"Replicate(), Shard({class_axis})) for data x vocab). Received: "
+            f"placements={placements}, mesh of {mesh.ndim} dimensions."
         )
+    class_dim = class_dims[0]
+    # the batch dimension of the loss (the logits' shape without the class axis) a Shard splits
+    out_placements = []
+    for d, p in enumerate(placements):
+        if d == class_dim or p == Replicate():
+            out_placements.append(Replicate())
+        else:
+            out_placements.append(Shard(p.dim if p.dim < class_axis else p.dim - 1))
     if _is_dtensor(targets):
-        if tuple(targets.placements) != (Replicate(),):
+        if tuple(targets.placements) != tuple(out_placements) or targets.device_mesh != mesh:
             raise ValueError(
-                "`targets` as a DTensor must be replicated (global class indices on every rank). "
+                "`targets` as a DTensor must be replicated over the class dimension of the mesh "
+                "and laid out like the logits' batch (global class indices on every rank). "
                 f"Received: placements={tuple(targets.placements)}."
             )
         targets = targets.to_local()
-    return logits.to_local(), targets, mesh.get_group(), mesh
+    layout = (mesh, class_dim, tuple(out_placements))
+    return logits.to_local(), targets, mesh.get_group(class_dim), layout
 
 
-def _to_dtensor(loss, mesh):
-    """The loss (the same on every rank) as a replicated DTensor on `mesh`, as ``loss_parallel``
-    returns it; its gradient flows back to the local slice unchanged."""
-    from torch.distributed.tensor import DTensor, Replicate
+def _batch_group(layout):
+    """The group of the mesh dimension that splits the batch, or None (no such dimension)."""
+    from torch.distributed.tensor import Shard
 
-    return DTensor.from_local(loss, mesh, [Replicate()], run_check=False)
+    mesh, class_dim, placements = layout
+    for d, p in enumerate(placements):
+        if d != class_dim and isinstance(p, Shard):
+            return mesh.get_group(d)
+    return None
+
+
+def _to_dtensor(loss, layout, reduction):
+    """The loss (the same on every rank of the class dimension) as a DTensor on the logits' mesh,
+    as ``loss_parallel`` returns it: replicated over the class dimension; over a dimension that
+    splits the batch, sharded like the rows for reduction 'none' and ``Partial`` (a sum over that
+    dimension: each rank's share of the global sum or mean) for 'sum' and 'mean'. Its gradient
+    flows back to the local slice unchanged."""
+    from torch.distributed.tensor import DTensor, Partial, Shard
+
+    mesh, class_dim, placements = layout
+    if reduction != "none":
+        placements = tuple(Partial() if isinstance(p, Shard) else p for p in placements)
+    return DTensor.from_local(loss, mesh, list(placements), run_check=False)
 
 
 def _class_slice(num_local: int, group, device) -> tuple[int, int]:

@@ -35,7 +35,14 @@ from ._inputs import (
     _softmax_targets,
     _values_are_concrete,
 )
-from .parallel import _class_slice, _from_dtensor, _is_dtensor, _process_group, _to_dtensor
+from .parallel import (
+    _batch_group,
+    _class_slice,
+    _from_dtensor,
+    _is_dtensor,
+    _process_group,
+    _to_dtensor,
+)
 
 # ----------------------------------------------------------------------------------------------
 # Softmax core
@@ -595,12 +602,14 @@ def _softmax_triton(logits, targets, class_weight, axis, gamma, ignore_index, we
 class _VocabParallel(torch.autograd.Function):
     """The fast path's loss where each rank holds a contiguous slice of the classes.
 
-    forward(z, y, a_y, keep, gamma, start, group): z the class-last local logits [..., C_r] in
-    the compute dtype, y the global target indices [..., 1] (ignored rows at 0), a_y [..., 1]
-    the target mass (None: 1), keep [...] or None, `start` this rank's first global class.
-    Three per-row numbers cross ranks, in two all-reduces: the largest logit z_top (MAX), then
-    (SUM) the target's shifted logit t = z_y - z_top from the rank that owns y (0 elsewhere) and
-    s = sum_{j != y} exp(z_j - z_top). The row's normaliser is exp(t) + s and, as on one device,
+    forward(z, y, a_y, keep, gamma, start, group, smooth, z_loss): z the class-last local
+    logits [..., C_r] in the compute dtype (capped already with `softcap`: the cap is
+    elementwise), y the global target indices [..., 1] (ignored rows at 0), a_y [..., 1] the
+    target's mass (None: 1; (1 - eps) w_y with label smoothing), keep [...] or None, `start` this
+    rank's first global class. Three per-row numbers cross ranks, in two all-reduces: the largest
+    logit z_top (MAX), then (SUM) the target's shifted logit t = z_y - z_top from the rank that
+    owns y (0 elsewhere) and s = sum_{j != y} exp(z_j - z_top). The row's normaliser is
+    exp(t) + s and, as on one device,
 
       log p_y = t - log(exp(t) + s) = t - log1p(expm1(t) + s),
 
@@ -608,14 +617,22 @@ class _VocabParallel(torch.autograd.Function):
     target s is the spec's s (the others' share over the top's), so ``_log_not_p`` and
     ``_focal_phi`` take it as they are; elsewhere p_y <= 1/2 and 1 - p_y needs no care.
 
+    Label smoothing (cross entropy): `smooth` = (m, m_y, m_rest), the smoothing mass
+    m_c = eps w_c / C (over the classes inside `where`: eps w_c / C_valid) of this rank's classes
+    ([..., C_r] or [C_r]), at the target (m_y) and summed over every rank's other classes
+    (m_rest, [..., 1]). Its loss -sum_c m_c log p_c = M log(exp(t) + s) - sum_c m_c (z_c - z_top),
+    M = m_y + m_rest: one more number per row in the SUM. The z-loss z_loss lse^2 needs only
+    lse = z_top + log(exp(t) + s), which the row already has; the second output is lse.
+
     Backward is local: p_j = exp(z_j - z_top) / (exp(t) + s) from the saved logits and per-row
-    numbers, the gradient p_j v off the target and -(1 - p_y) v at it (owned rows only), as
-    ``_softmax_focal_terms_sparse``. Not twice differentiable (the collectives are outside the
-    graph).
+    numbers, the gradient p_j V - m_j + 2 z_loss lse p_j off the target (V = v + M, v the
+    target's term, as ``_softmax_focal_terms_sparse``) and p_y m_rest - (1 - p_y)(v + m_y) +
+    2 z_loss lse p_y at it (owned rows only). Not twice differentiable (the collectives are
+    outside the graph).
     """
 
     @staticmethod
-    def forward(ctx, z, y, a_y, keep, gamma, start, group):
+    def forward(ctx, z, y, a_y, keep, gamma, start, group, smooth, z_loss):
         num_local = z.shape[-1]
         local_y = y - start
         owns = (local_y >= 0) & (local_y < num_local)
@@ -629,11 +646,18 @@ class _VocabParallel(torch.autograd.Function):
         # the target's own term left out of s, on the rank that owns it (no 1 + s - 1 rounding)
         exp_y = torch.where(owns, 0.0, exp_shifted.gather(-1, local_y))
         s = exp_shifted.scatter(-1, local_y, exp_y).sum(dim=-1, keepdim=True)
-        stats = torch.cat([shifted_y, s], dim=-1)
+        columns = [shifted_y, s]
+        if smooth is not None:
+            m, m_y, m_rest = smooth
+            # 0 log 0 = 0: a class without smoothing mass (outside `where`) adds nothing at -inf
+            m_shifted = torch.where(m == 0.0, 0.0, m * shifted)
+            columns.append(m_shifted.sum(dim=-1, keepdim=True))
+        stats = torch.cat(columns, dim=-1)
         # t = z_y - z_top from the rank that owns the target (the others add 0) and s, the sum of
-        # the other classes' exponentials over every rank (a NaN logit anywhere makes s NaN)
+        # the other classes' exponentials over every rank (a NaN logit anywhere makes s NaN);
+        # with label smoothing, sum_c m_c (z_c - z_top) over every rank's classes
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
-        t, s = stats[..., :1], stats[..., 1:]
+        t, s = stats[..., :1], stats[..., 1:2]
         is_top = t == 0.0
         # log(exp(t) + s) = log1p(expm1(t) + s): log1p(s) at a top target
         log1p_s = torch.log1p(torch.expm1(t) + s)
@@ -671,21 +695,54 @@ class _VocabParallel(torch.autograd.Function):
                 per_mass = per_mass if focal_weight is None else focal_weight * per_mass
                 if keep is not None:
                     per_mass = torch.where(keep.unsqueeze(-1), per_mass, 0.0)
-        loss = loss.squeeze(-1)
+        if smooth is not None:
+            # -sum_c m_c log p_c = M log(exp(t) + s) - sum_c m_c (z_c - z_top)
+            loss = loss + ((m_y + m_rest) * log1p_s - stats[..., 2:])
+        # lse = z_top + log(exp(t) + s): the z-loss and ``return_aux``'s lse
+        lse = z_top + log1p_s
+        if z_loss != 0.0:
+            loss = loss + z_loss * (lse * lse)
+        loss, lse = loss.squeeze(-1), lse.squeeze(-1)
         if keep is not None:
             # ignored elements give 0, whatever their logits
             loss = torch.where(keep, loss, 0.0)
-        ctx.save_for_backward(z, z_top, normaliser, not_p, v, local_y, owns, keep, per_mass)
-        return loss
+            lse = torch.where(keep, lse, 0.0)
+        if smooth is None:
+            m = m_y = m_rest = None
+        ctx.save_for_backward(
+            z, z_top, normaliser, not_p, v, local_y, owns, keep, per_mass, m, m_y, m_rest, lse
+        )
+        ctx.z_loss = z_loss
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_loss):
-        z, z_top, normaliser, not_p, v, local_y, owns, keep, per_mass = ctx.saved_tensors
-        coefficient = grad_loss.unsqueeze(-1) * v
+    def backward(ctx, grad_loss, grad_lse):
+        z, z_top, normaliser, not_p, v, local_y, owns, keep, per_mass, m, m_y, m_rest, lse = (
+            ctx.saved_tensors
+        )
+        g = grad_loss.unsqueeze(-1)
+        coefficient = g * v
+        # the whole row's target mass times the incoming gradient: v, plus M with smoothing
+        total = coefficient if m is None else coefficient + g * (m_y + m_rest)
+        at_y = -not_p * coefficient
+        if m is not None:
+            # at the target: p_y m_rest - (1 - p_y) m_y more
+            at_y = at_y - not_p * (g * m_y)
+        if ctx.z_loss != 0.0:
+            # d/dz_j z_loss lse^2 = 2 z_loss lse p_j
+            total = total + g * ((2.0 * ctx.z_loss) * lse.unsqueeze(-1))
         # p_j = exp(z_j - z_top) / (exp(t) + s), from this rank's logits and the row's numbers
-        grad = torch.exp(z - z_top) / normaliser * coefficient
-        at_y = torch.where(owns, -not_p * coefficient, grad.gather(-1, local_y))
+        p = torch.exp(z - z_top) / normaliser
+        grad = p * total
+        if m is not None:
+            grad = grad - g * m
+        p_y = p.gather(-1, local_y)
+        # p_y (total - v - m_y) - (1 - p_y)(v + m_y) = p_y total - v - m_y, without cancelling
+        from_total = total - coefficient if m is None else total - coefficient - g * m_y
+        at_y = at_y + p_y * from_total
+        at_y = torch.where(owns, at_y, grad.gather(-1, local_y))
         grad = grad.scatter(-1, local_y, at_y)
         if keep is not None:
             # ignored elements get no gradient, whatever their logits
@@ -694,7 +751,7 @@ class _VocabParallel(torch.autograd.Function):
         grad_a = None
         if ctx.needs_input_grad[2]:
             grad_a = grad_loss.unsqueeze(-1) * per_mass
-        return grad, None, grad_a, None, None, None, None
+        return grad, None, grad_a, None, None, None, None, None, None
 
 
 class _SoftCap(torch.autograd.Function):
@@ -786,53 +843,178 @@ def _softmax_head(
     return loss + _ZTerm.apply(c, keep, z_loss)
 
 
-def _vocab_parallel_refuses(z_loss, softcap):
-    """The LLM head options are not implemented over a process group: one sentence each."""
-    if z_loss != 0.0:
-        raise ValueError(
-            "`z_loss` is not supported with `process_group` (yet): pass 0.0. "
-            f"Received: z_loss={z_loss!r}."
-        )
-    if softcap is not None:
-        raise ValueError(
-            "`softcap` is not supported with `process_group` (yet): pass None. "
-            f"Received: softcap={softcap!r}."
-        )
-
-
 def _softmax_vocab_parallel(
-    logits, targets, class_weight, axis, gamma, ignore_index, label_smoothing, where, is_index,
-    start, group,
+    logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, is_index,
+    start, num_classes, group, z_loss, softcap, return_aux,
 ):  # fmt: skip
-    """The per-element loss of class-sharded `logits` (this rank's slice, whose first class is
-    `start`) through ``_VocabParallel``; `targets` global class indices, `class_weight` the
-    global vector. What needs more than three numbers per row is refused."""
+    """(the per-element loss, keep, aux) of class-sharded `logits` (this rank's slice, whose
+    first class is `start`, of `num_classes`) through ``_VocabParallel``; `targets` global class
+    indices, `class_weight` the global vector, `where` a class mask sliced like the logits (or a
+    per-element one). `keep` the kept elements (None: all), `aux` the per-element statistics of
+    ``return_aux`` (None without it)."""
     if not is_index:
         raise ValueError(
             "`targets` must be class indices when the classes are split over `process_group` "
-            "(probability targets would need every class's target mass on every rank). "
+            "(probability targets sliced like the logits are not implemented in torch yet; "
+            "jax_impl's `axis_name` takes them). "
             f"Received: targets of dtype {str(targets.dtype).removeprefix('torch.')}."
         )
-    if label_smoothing != 0.0:
+    if label_smoothing != 0.0 and gamma != 0.0:
         raise ValueError(
-            "`label_smoothing` is not supported with `process_group` (yet): pass 0.0. "
+            "`label_smoothing` is not supported by softmax_focal_loss with `process_group` (yet; "
+            "softmax_cross_entropy takes it): pass 0.0. "
             f"Received: label_smoothing={label_smoothing!r}."
         )
-    if where is not None:
+    if label_smoothing != 0.0 and class_weight is not None and class_weight.requires_grad:
         raise ValueError(
-            "`where` is not supported with `process_group`: set the masked classes' logits to "
-            "-inf instead (the same loss). Received: a `where` mask."
+            "`weight` must not require grad with `label_smoothing` and `process_group` (its "
+            "gradient would be split over the ranks): detach it. Received: a `weight` that "
+            "requires grad."
         )
-    z = logits.movedim(axis, -1).to(_compute_dtype(logits.dtype))
+    raw = logits.movedim(axis, -1).to(_compute_dtype(logits.dtype))
+    num_local = raw.shape[-1]
+    dtype = raw.dtype
     keep = _softmax_keep(targets, None, ignore_index, True)
+    local_weight = None if class_weight is None else class_weight[start : start + num_local]
+    # the weight of the classes other than the target, over every rank (smoothing's m_rest)
+    rest_weight = None
+    if where is not None:
+        valid = where.expand(logits.shape).movedim(axis, -1)
+        y = torch.where(keep, targets, 0) if keep is not None else targets
+        local_y = (y - start).unsqueeze(-1)
+        owns = (local_y >= 0) & (local_y < num_local)
+        local_y = torch.where(owns, local_y, 0)
+        on_y = valid.gather(-1, local_y) & owns
+        weights = valid.to(dtype) if local_weight is None else torch.where(valid, local_weight, 0.0)
+        off_y = weights.scatter(-1, local_y, torch.where(owns, 0.0, weights.gather(-1, local_y)))
+        stats = torch.cat(
+            [valid.sum(dim=-1, keepdim=True).to(dtype), on_y.to(dtype), off_y.sum(-1, True)],
+            dim=-1,
+        )
+        # per row, over every rank: the classes left inside `where`, whether the target is one
+        # of them (from the rank that owns it), and their weight off the target
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+        num_valid, on_y, rest_weight = stats[..., :1], stats[..., 1], stats[..., 2:]
+        # a row with no class left, or its target outside `where`, is left out like an ignored one
+        left = (num_valid.squeeze(-1) > 0.0) & (on_y > 0.0)
+        keep = left if keep is None else keep & left
+        # classes outside `where` leave the softmax (-inf); rows left out: zeros (finite)
+        raw = torch.where(valid, raw, -math.inf)
+        raw = torch.where(keep.unsqueeze(-1), raw, 0.0)
     y = (targets if keep is None else torch.where(keep, targets, 0)).unsqueeze(-1)
     if class_weight is None:
-        a_y = None if keep is None else keep.to(z.dtype).unsqueeze(-1)
+        a_y = None if keep is None else keep.to(dtype).unsqueeze(-1)
     elif keep is None:
         a_y = class_weight[y]
     else:
         a_y = torch.where(keep.unsqueeze(-1), class_weight[y], 0.0)
-    return _VocabParallel.apply(z, y, a_y, keep, gamma, start, group)
+    smooth = None
+    if label_smoothing != 0.0:
+        # t~ = (1 - eps) onehot(y) + eps / C: the target keeps (1 - eps) of its mass ...
+        a_y = (1.0 - label_smoothing) * (torch.ones_like(y, dtype=dtype) if a_y is None else a_y)
+        # ... and eps w_c / C goes to every class (inside `where`: / C_valid, outside 0)
+        ones = torch.ones(num_local, dtype=dtype, device=raw.device)
+        m = ones if local_weight is None else local_weight
+        w_y = torch.ones_like(a_y) if class_weight is None else class_weight[y]
+        if where is None:
+            if class_weight is None:
+                rest_weight = torch.full_like(a_y, num_classes - 1.0)
+            else:
+                # sum_{c != y} w_c without cancellation, from the global vector (C numbers)
+                rest_weight = _sum_except_self(class_weight.detach())[y]
+            scale = label_smoothing / num_classes
+        else:
+            m = torch.where(valid, m, 0.0)
+            scale = label_smoothing / num_valid.clamp_min(1.0)
+        smooth = (m * scale, w_y * scale, rest_weight * scale)
+    z = raw
+    if softcap is not None:
+        # the cap is elementwise: this rank's slice capped, sech^2 of it in backward
+        z = _SoftCap.apply(raw, softcap)
+    loss, lse = _VocabParallel.apply(z, y, a_y, keep, gamma, start, group, smooth, z_loss)
+    aux = None
+    if return_aux:
+        aux = _vocab_parallel_aux(raw.detach(), y, keep, lse, start, z_loss, group)
+    return loss, keep, aux
+
+
+def _vocab_parallel_aux(raw, y, keep, lse, start, z_loss, group):
+    """``return_aux``'s per-element statistics over the ranks: lse and the z-term from the loss's
+    own pass, and whether the largest logit (the first on ties, over every rank) is the target:
+    two more all-reduces of one number per row (the largest logit, then its first class)."""
+    with torch.no_grad():
+        local_top, local_first = raw.max(dim=-1, keepdim=True)
+        top = local_top.clone()
+        # the row's largest logit before the cap (the cap keeps the order, not every tie)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        none = torch.iinfo(torch.int64).max
+        first = torch.where(local_top == top, start + local_first, none)
+        # its first class in the row: the smallest of the ranks that hold it
+        dist.all_reduce(first, op=dist.ReduceOp.MIN, group=group)
+        correct = first == y
+        correct = correct.squeeze(-1) if keep is None else correct.squeeze(-1) & keep
+        return {"lse": lse, "z_term": z_loss * lse * lse, "correct": correct.to(lse.dtype)}
+
+
+def _softmax_sharded(
+    logits, targets, axis, class_weight_arg, gamma, is_focal, ignore_index, label_smoothing,
+    where, reduction, normalizer, z_loss, softcap, return_aux, process_group,
+):  # fmt: skip
+    """``_softmax`` for class-sharded logits (DESIGN 12): this rank's slice with
+    `process_group`, or a DTensor sharded on the class dim (its mesh's group for that dim)."""
+    return_aux = _checks.return_aux(return_aux)
+    if is_focal:
+        gamma = _gamma(gamma)
+        weight, alpha = None, class_weight_arg
+    else:
+        weight, alpha = class_weight_arg, None
+    layout = None
+    if _is_dtensor(logits):
+        # loss_parallel's input: this rank's slice of the classes, the group of that mesh dim
+        logits, targets, process_group, layout = _from_dtensor(logits, targets, axis, process_group)
+    process_group = _process_group(process_group)
+    local = _inputs._as_array("logits", logits)
+    num_local = local.shape[_checks.class_axis(axis, local.ndim)]
+    start, num_classes = _class_slice(num_local, process_group, local.device)
+    logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index = (
+        _softmax_inputs(
+            logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where, num_classes
+        )
+    )
+    loss, keep, aux = _softmax_vocab_parallel(
+        logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing,
+        is_index, start, num_classes, process_group, z_loss, softcap, return_aux,
+    )  # fmt: skip
+    batch_group = None if layout is None else _batch_group(layout)
+    count = None
+    if reduction == "mean" and normalizer is None:
+        count = torch.tensor(loss.numel(), device=loss.device) if keep is None else keep.sum()
+        if not is_focal and class_weight is not None:
+            # torch: the weighted mean divides by the weights of the kept targets
+            if keep is None:
+                denominator = class_weight[targets].sum()
+            else:
+                kept = torch.where(keep, targets, 0)
+                denominator = torch.where(keep, class_weight[kept], 0.0).sum()
+        else:
+            denominator = count
+        if batch_group is not None:
+            # the rows split over the mesh's other dimension: the mean's denominator (and the
+            # kept count of `return_aux`) of every rank's rows, one all-reduce of two numbers
+            both = torch.stack([denominator.to(torch.float64), count.to(torch.float64)])
+            dist.all_reduce(both, op=dist.ReduceOp.SUM, group=batch_group)
+            denominator, count = both[0], both[1]
+    else:
+        denominator = None
+    loss = _reduce(loss, reduction, _mean_divisor(denominator, normalizer)).to(logits.dtype)
+    if aux is not None:
+        divisor = _mean_divisor(count, normalizer)
+        aux = {k: _reduce(v, reduction, divisor).to(logits.dtype) for k, v in aux.items()}
+    if layout is not None:
+        loss = _to_dtensor(loss, layout, reduction)
+        if aux is not None:
+            aux = {key: _to_dtensor(value, layout, reduction) for key, value in aux.items()}
+    return loss if aux is None else (loss, aux)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -860,12 +1042,14 @@ def _softmax(
     reduction, normalizer = _normalizer(reduction, normalizer)
     z_loss = _checks.z_loss(z_loss)
     softcap = _checks.softcap(softcap)
+    if process_group is not None or _is_dtensor(logits):
+        # the classes split over ranks (DESIGN 12)
+        return _softmax_sharded(
+            logits, targets, axis, class_weight_arg, gamma, is_focal, ignore_index,
+            label_smoothing, where, reduction, normalizer, z_loss, softcap, return_aux,
+            process_group,
+        )  # fmt: skip
     if _checks.return_aux(return_aux):
-        if process_group is not None or _is_dtensor(logits):
-            raise ValueError(
-                "`return_aux` is not supported with `process_group` (yet): pass False. "
-                "Received: return_aux=True."
-            )
         loss = _softmax(
             logits, targets, axis, class_weight_arg, gamma, is_focal, ignore_index,
             label_smoothing, where, reduction, normalizer, z_loss, softcap, False, None,
@@ -885,31 +1069,9 @@ def _softmax(
         weight, alpha = None, class_weight_arg
     else:
         weight, alpha = class_weight_arg, None
-    mesh = start = num_classes = None
-    if _is_dtensor(logits):
-        # loss_parallel's input: this rank's slice of the classes, the mesh's group
-        logits, targets, process_group, mesh = _from_dtensor(logits, targets, axis, process_group)
-    if process_group is not None:
-        process_group = _process_group(process_group)
-        local = _inputs._as_array("logits", logits)
-        num_local = local.shape[_checks.class_axis(axis, local.ndim)]
-        start, num_classes = _class_slice(num_local, process_group, local.device)
     logits, targets, where, class_weight, axis, ignore_index, label_smoothing, is_index = (
-        _softmax_inputs(
-            logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where, num_classes
-        )
+        _softmax_inputs(logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where)
     )
-    if process_group is not None:
-        _vocab_parallel_refuses(z_loss, softcap)
-        loss = _softmax_vocab_parallel(
-            logits, targets, class_weight, axis, gamma, ignore_index, label_smoothing, where,
-            is_index, start, process_group,
-        )  # fmt: skip
-        loss = _softmax_reduce(
-            loss, logits, targets, where, class_weight, axis, ignore_index, is_index, is_focal,
-            reduction, normalizer,
-        )  # fmt: skip
-        return loss if mesh is None else _to_dtensor(loss, mesh)
     # with a normalizer the kernel sums and the division follows: one rounding of the quotient
     # needs the sum in at least the working precision, so half precision takes the eager path
     exact_sum = normalizer is None or logits.dtype in (torch.float32, torch.float64)
