@@ -83,6 +83,12 @@ SCRIPT = textwrap.dedent(
     FULL.append(("softmax_focal_loss", {"gamma": 0.5, "alpha": W, "label_smoothing": 0.2}, "index"))
     FULL.append(("softmax_focal_loss", {"gamma": 0.0}, "index"))
     FULL.append(("softmax_cross_entropy", {"all_ignored": True}, "index"))
+    # the LLM head options (DESIGN 13): the cap on the local slice, lse from the row's reductions
+    FULL.append(("softmax_cross_entropy", {"z_loss": 1e-2, "softcap": 5.0, "reduction": "none"},
+                 "index"))
+    FULL.append(("softmax_focal_loss", {"gamma": 2.0, "z_loss": 1e-3, "softcap": 10.0}, "probs"))
+    FULL.append(("softmax_cross_entropy", {"z_loss": 1e-2, "softcap": 4.0, "label_smoothing": 0.1,
+                                           "where": True, "weight": W, "reduction": "sum"}, "index"))
     SMALL = [FULL[0], FULL[3], FULL[9], FULL[14]]
     # (dtype, mesh, cases, judge the unsharded backend too, read the compiled program)
     RUNS = [("float64", "1-D", FULL, True, False), ("float32", "2-D", FULL, True, True),
@@ -186,6 +192,41 @@ SCRIPT = textwrap.dedent(
                         if int(np.prod(sizes)) > N:
                             failures.append(f"{name}: all-reduce of {result.strip()}, "
                                             "more than one value per row")
+    # return_aux over the slices: lse, the z-term and `correct` (the first top over the slices,
+    # row 4's tie) against the spec's, to a few roundings of each statistic's scale
+    from dualloss import spec
+    mesh = MESHES["1-D"][0]
+    for dtype in ("float64", "float32"):
+        x, y, p, mask = inputs(dtype)
+        for loss, options, kind in (FULL[-3], FULL[-2], FULL[-1]):
+            options = dict(options)
+            has_where = options.pop("where", False)
+            targets = y if kind == "index" else p
+
+            @partial(jax.shard_map, mesh=mesh, out_specs=(P(), P()),
+                     in_specs=(P(None, "vocab"), P(None, "vocab") if kind == "probs" else P(),
+                               P(None, "vocab")))
+            def with_aux(a, t, m):
+                opts = dict(options, where=m) if has_where else options
+                return getattr(jax_impl, loss)(a, t, axis_name="vocab", return_aux=True, **opts)
+
+            _, aux = jax.jit(with_aux)(jnp.asarray(x), jnp.asarray(targets), jnp.asarray(mask))
+            spec_options = dict(options, where=mask) if has_where else options
+            _, expected = getattr(spec, loss)(np.asarray(x, np.float64),
+                                              np.asarray(targets, np.float64) if kind == "probs"
+                                              else targets, return_aux=True, **spec_options)
+            eps = float(np.finfo(dtype).eps)
+            for key, want in expected.items():
+                got = np.asarray(aux[key], np.float64)
+                scale = max(1.0, float(np.max(np.abs(want))))
+                if key == "correct":
+                    ok = np.array_equal(got, np.asarray(want, dtype).astype(np.float64))
+                else:
+                    ok = np.all(np.abs(got - want) <= 8 * eps * scale)
+                if not ok:
+                    failures.append(f"return_aux {loss}({sorted(options)}, {kind}, {dtype}) "
+                                    f"{key}: {got} where the spec gives {want}")
+        count += 1
     if failures:
         sys.exit("\\n".join(failures[:20]))
     print(f"axis_name ok {count} cases, {hlo_checked} programs read, {time.time() - start:.1f} s")

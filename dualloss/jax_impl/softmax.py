@@ -455,25 +455,6 @@ def _softmax_aux(z, t, targets, keep, is_index, z_loss, softcap, reduction, norm
 # ----------------------------------------------------------------------------------------------
 
 
-def _sharded_refuses(z_loss, softcap, return_aux):
-    """The LLM head options are not implemented over a mesh axis: one sentence each."""
-    if _checks.return_aux(return_aux):
-        raise ValueError(
-            "`return_aux` is not supported with `axis_name` (yet): pass False. "
-            "Received: return_aux=True."
-        )
-    if _checks.z_loss(z_loss) != 0.0:
-        raise ValueError(
-            "`z_loss` is not supported with `axis_name` (yet): pass 0.0. "
-            f"Received: z_loss={z_loss!r}."
-        )
-    if _checks.softcap(softcap) is not None:
-        raise ValueError(
-            "`softcap` is not supported with `axis_name` (yet): pass None. "
-            f"Received: softcap={softcap!r}."
-        )
-
-
 def _sharded_top(x, offset, axis_name):
     """The row's largest entry over every slice of the classes along `axis_name`, and where it is
     (the first such class of the row, as argmax; none for a NaN row): two scalars per row."""
@@ -489,8 +470,9 @@ def _sharded_top(x, offset, axis_name):
 
 def _sharded_log_softmax(z, offset, axis_name):
     """``_log_softmax`` on this device's slice of the classes: the same seven results, for the
-    local classes, from three scalars per row reduced over the slices (the largest logit, where
-    it is, and s = the sum of exp(z_j - z_top) off the top). s is summed as in ``_shifted_sums``
+    local classes, and the row's largest logit z_top (lse = z_top + log1p(s)), from three scalars
+    per row reduced over the slices (the largest logit, where it is, and s = the sum of
+    exp(z_j - z_top) off the top). s is summed as in ``_shifted_sums``
     (times 2^k, so no term that matters is flushed), and log s is log of that sum minus k ln 2:
     exact where s itself would underflow (the single-device path takes the runner-up there)."""
     # the shift (a constant: every result is invariant to it) and the top class, over the slices
@@ -524,7 +506,7 @@ def _sharded_log_softmax(z, offset, axis_name):
     # log s - log1p(s) at a top with s < 1; log(1 - p) elsewhere (as ``_log_softmax``)
     from_s = is_top & (s < 1.0)
     log_not_p = jnp.where(from_s, log_s - log1p_s, _log1m(jnp.where(from_s, 0.0, p)))
-    return log_p, log_not_p, p, not_p, is_top, s, log1p_s
+    return log_p, log_not_p, p, not_p, is_top, s, log1p_s, z_top
 
 
 def _sharded_sum_except_self(v, offset, axis_name):
@@ -539,12 +521,15 @@ def _sharded_sum_except_self(v, offset, axis_name):
     return jnp.where(is_big, rest_of_big, total - v)
 
 
-def _sharded_focal_terms(z, a, gamma, axis_name):
+def _sharded_focal_terms(z, a, gamma, z_loss, axis_name):
     """``_softmax_focal_terms`` on this device's slice of the classes: the row's loss (the same on
     every device of `axis_name`) and the local slice of its closed-form gradient. Every per-class
-    quantity is local; the row sums are one psum each."""
+    quantity is local; the row sums are one psum each. `z_loss` adds z_loss lse^2, with
+    lse = z_top + log1p(s) from the same reductions and the local gradient 2 z_loss lse p_j."""
     offset = jax.lax.axis_index(axis_name) * z.shape[-1]
-    log_p, log_not_p, p, not_p, is_top, s, log1p_s = _sharded_log_softmax(z, offset, axis_name)
+    log_p, log_not_p, p, not_p, is_top, s, log1p_s, z_top = _sharded_log_softmax(
+        z, offset, axis_name
+    )
     if _is_static(gamma) and gamma == 0.0:
         # (1 - p)^0 = 1, also at p = 1
         focal_weight = jnp.ones_like(log_p)
@@ -564,14 +549,44 @@ def _sharded_focal_terms(z, a, gamma, axis_name):
     # the row's loss: this slice's classes, then every slice's (one psum per row)
     loss = jax.lax.psum(local, axis_name)
     grad = p * _sharded_sum_except_self(v, offset, axis_name) - not_p * v
+    if z_loss != 0.0:
+        lse = z_top + log1p_s
+        loss = loss + z_loss * (lse * lse)[..., 0]
+        # d/dz_j lse^2 = 2 lse p_j: local
+        grad = grad + (2.0 * z_loss) * lse * p
     return loss, grad
 
 
-_sharded_focal_loss = _with_sharded_grad(_sharded_focal_terms, 2)
+_sharded_focal_loss = _with_sharded_grad(_sharded_focal_terms, 3)
 
 
 # a traced gamma is a differentiable argument (its tangent: autodiff of the forward formula)
-_sharded_focal_loss_traced = _with_sharded_grad(_sharded_focal_terms, 1)
+_sharded_focal_loss_traced = _with_sharded_grad(_sharded_focal_terms, 2)
+
+
+def _sharded_aux(z, t, targets, keep, is_index, offset, z_loss, softcap, axis_name):
+    """``_softmax_aux`` over the slices: the lse of the capped logits (the row's largest logit,
+    one pmax, and the sum of exponentials, one psum), the z-term, and whether the first top
+    logit over the slices is the target class (``_sharded_top``: a pmax and a pmin; for
+    probability targets also of the target mass) on the slice that holds it (one psum); per-row
+    scalars only. Before the reduction; no gradient flows through them."""
+    z = jax.lax.stop_gradient(z)
+    c, _ = _softcap(z, softcap)
+    # the row's largest capped logit (the shift) and sum of exponentials, over the slices
+    c_top = jax.lax.pmax(jnp.max(c, axis=-1, keepdims=True), axis_name)
+    c_top = jnp.where(jnp.isfinite(c_top), c_top, 0.0)
+    total = jax.lax.psum(jnp.sum(jnp.exp(c - c_top), axis=-1), axis_name)
+    lse = jnp.where(keep, c_top[..., 0] + jnp.log(total), 0.0)
+    _, is_top = _sharded_top(z, offset, axis_name)
+    if is_index:
+        is_target = offset + jnp.arange(z.shape[-1]) == _as_array(targets)[..., None]
+    else:
+        # the class of the largest target mass (smoothing keeps it), over the slices
+        _, is_target = _sharded_top(jax.lax.stop_gradient(t), offset, axis_name)
+    # the slice that holds the top says whether it is the target's class (one psum per row)
+    hits = jax.lax.psum(jnp.sum(is_top & is_target, axis=-1, dtype=jnp.int32), axis_name)
+    correct = keep & (hits > 0)
+    return {"lse": lse, "z_term": z_loss * lse * lse, "correct": correct.astype(lse.dtype)}
 
 
 def _sharded_softmax(
@@ -586,21 +601,28 @@ def _sharded_softmax(
     where,
     reduction,
     normalizer,
+    z_loss,
+    softcap,
+    return_aux,
     axis_name,
 ):
     """``_softmax`` for logits that hold this device's slice of the classes along the mesh axis
     `axis_name` (inside ``shard_map``); the batch reductions are over this device's rows (a
     batch split over another axis: pass ``global_count(..., axis_name=data_axis)`` as
-    `normalizer` and psum the result over that axis)."""
+    `normalizer` and psum the result over that axis). `softcap` caps the local slice (the cap
+    is elementwise); `z_loss` takes lse from the loss's own row reductions."""
     _not_torch(gamma=gamma, label_smoothing=label_smoothing)
+    return_aux = _checks.return_aux(return_aux)
     reduction, normalizer = _normalizer(reduction, normalizer)
+    z_loss = _checks.z_loss(z_loss)
+    softcap = _checks.softcap(softcap)
     if is_focal:
         gamma = _scalar_option("gamma", gamma)
         weight, alpha = None, class_weight_arg
     else:
         weight, alpha = class_weight_arg, None
     label_smoothing = _scalar_option("label_smoothing", label_smoothing)
-    z, t, keep, is_index, class_weight, vector, _, num_classes, axis = _sharded_softmax_inputs(
+    z, t, keep, is_index, class_weight, vector, offset, num_classes, axis = _sharded_softmax_inputs(
         logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where, axis_name
     )
     if not _is_static(gamma):
@@ -613,11 +635,16 @@ def _sharded_softmax(
         y = _as_array(targets)
         poison = jnp.where(keep & ((y < 0) | (y >= num_classes)), jnp.nan, 0.0).astype(z.dtype)
         z = z + poison[..., None]
+    if return_aux:
+        aux = _sharded_aux(z, t, targets, keep, is_index, offset, z_loss, softcap, axis_name)
+    if softcap is not None:
+        # the cap is elementwise: this slice capped, its closed-form tangent sech^2 (``_capped``)
+        z = _capped(z, softcap)
     a = class_weight * t
     if _is_static(gamma):
-        loss = _sharded_focal_loss(z, a, gamma, axis_name)
+        loss = _sharded_focal_loss(z, a, gamma, z_loss, axis_name)
     else:
-        loss = _sharded_focal_loss_traced(z, a, gamma, axis_name)
+        loss = _sharded_focal_loss_traced(z, a, gamma, z_loss, axis_name)
     loss = jnp.where(keep, loss, 0.0)
     if is_index and not is_focal:
         # torch: the weighted mean divides by the weights of the kept targets (the global vector)
@@ -626,7 +653,12 @@ def _sharded_softmax(
     else:
         denominator = jnp.count_nonzero(keep)
     loss = _reduce(loss, reduction, _mean_divisor(denominator, normalizer))
-    return loss.astype(_as_array(logits).dtype)
+    dtype = _as_array(logits).dtype
+    if return_aux:
+        divisor = _mean_divisor(jnp.count_nonzero(keep), normalizer)
+        aux = {key: _reduce(value, reduction, divisor).astype(dtype) for key, value in aux.items()}
+        return loss.astype(dtype), aux
+    return loss.astype(dtype)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -662,13 +694,15 @@ def softmax_cross_entropy(
     contiguous slice, class-index targets stay global, `weight` is the whole vector; the row
     sums are reduced with pmax/psum of per-row scalars, never a gathered row.
     `z_loss` and `softcap` (DESIGN 13, Python numbers, see the spec) take the dense closed-form
-    path; with `axis_name` they raise. `return_aux=True` returns (loss, {'lse', 'z_term',
-    'correct'}) as the spec, in the logits' dtype (no gradient through them).
+    path (with `axis_name`: the local slice capped, lse from the row's own reductions).
+    `return_aux=True` returns (loss, {'lse', 'z_term', 'correct'}) as the spec, in the logits'
+    dtype (no gradient through them; with `axis_name`, a few more per-row reductions).
     """
     arguments = (logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where)
     if axis_name is not None:
-        _sharded_refuses(z_loss, softcap, return_aux)
-        return _sharded_softmax(*arguments, reduction, normalizer, axis_name)
+        return _sharded_softmax(
+            *arguments, reduction, normalizer, z_loss, softcap, return_aux, axis_name
+        )
     return _softmax(*arguments, reduction, normalizer, z_loss, softcap, return_aux)
 
 
@@ -699,8 +733,9 @@ def softmax_focal_loss(
     """
     arguments = (logits, targets, axis, alpha, gamma, True, ignore_index, label_smoothing, where)
     if axis_name is not None:
-        _sharded_refuses(z_loss, softcap, return_aux)
-        return _sharded_softmax(*arguments, reduction, normalizer, axis_name)
+        return _sharded_softmax(
+            *arguments, reduction, normalizer, z_loss, softcap, return_aux, axis_name
+        )
     return _softmax(*arguments, reduction, normalizer, z_loss, softcap, return_aux)
 
 
