@@ -87,8 +87,9 @@ SCRIPT = textwrap.dedent(
     FULL.append(("softmax_cross_entropy", {"z_loss": 1e-2, "softcap": 5.0, "reduction": "none"},
                  "index"))
     FULL.append(("softmax_focal_loss", {"gamma": 2.0, "z_loss": 1e-3, "softcap": 10.0}, "probs"))
-    FULL.append(("softmax_cross_entropy", {"z_loss": 1e-2, "softcap": 4.0, "label_smoothing": 0.1,
-                                           "where": True, "weight": W, "reduction": "sum"}, "index"))
+    FULL.append(("softmax_cross_entropy", {"z_loss": 1e-2, "softcap": 4.0, "where": True,
+                                           "label_smoothing": 0.1, "weight": W,
+                                           "reduction": "sum"}, "index"))
     SMALL = [FULL[0], FULL[3], FULL[9], FULL[14]]
     # (dtype, mesh, cases, judge the unsharded backend too, read the compiled program)
     RUNS = [("float64", "1-D", FULL, True, False), ("float32", "2-D", FULL, True, True),

@@ -89,6 +89,11 @@ OPTION_LOSSES = {
         {"where": "rows", "normalizer": 4.0, "z_loss": 1e-2},
     ),
 }
+# DTensor logits on a 2 x 2 data x vocab mesh: (option loss, how the rows are laid out)
+DTENSOR_2D_CASES = {
+    "mean": ("ce_z_loss", "data x vocab"),
+    "none": ("ce_softcap_weight", "replicated x vocab"),
+}
 OPTION_CASES = [(loss, dtype) for loss in OPTION_LOSSES for dtype in ("float64", "float32")]
 FORBIDDEN = (
     "all_gather",
@@ -240,6 +245,8 @@ def _worker_cases(rank, world, results):
         )
     _worker_options(rank, world, results, start, sizes[rank])
     _worker_dtensor(rank, world, results)
+    if world == 4:
+        _worker_dtensor_2d(rank, results)
     _worker_errors(rank, world, results)
 
 
@@ -291,6 +298,43 @@ def _worker_dtensor(rank, world, results):
             [p.is_replicate() for p in value.placements],
             value.to_local().detach().numpy(),
             local.grad.numpy(),
+        )
+
+
+def _worker_dtensor_2d(rank, results):
+    """A data x vocab mesh of 2 x 2 (4 ranks): the rows split over "data" (torch.chunk's, 5 and
+    4) or replicated, the classes over "vocab"; each call's loss comes back as a DTensor, its
+    global value by ``full_tensor()``, whose backward gives this rank's block of the gradient."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("data", "vocab"))
+    logits, targets = _inputs("mixed")
+    rows = [len(c) for c in torch.arange(N).chunk(2)]
+    classes = [len(c) for c in torch.arange(C).chunk(2)]
+    data, vocab = divmod(rank, 2)  # the mesh [[0, 1], [2, 3]]
+    row0, class0 = sum(rows[:data]), sum(classes[:vocab])
+    results["dtensor_2d"] = {}
+    for case, (loss, placements) in DTENSOR_2D_CASES.items():
+        name, options = _option_options(loss)
+        options = _torch_options(options, torch.float64)
+        split = placements == "data x vocab"
+        span = slice(row0, row0 + rows[data]) if split else slice(None)
+        local = torch.tensor(logits[span, class0 : class0 + classes[vocab]], requires_grad=True)
+        layout = [Shard(0) if split else Replicate(), Shard(1)]
+        sharded = DTensor.from_local(local, mesh, layout, run_check=False, shape=(N, C),
+                                     stride=(C, 1))  # fmt: skip
+        value, aux = getattr(ti, name)(
+            sharded, torch.tensor(targets[span]), **options, return_aux=True
+        )
+        whole = value.full_tensor()
+        whole.sum().backward()
+        results["dtensor_2d"][case] = (
+            [str(p) for p in value.placements],
+            whole.detach().numpy(),
+            local.grad.numpy(),
+            (span, slice(class0, class0 + classes[vocab])),
+            aux["lse"].full_tensor().numpy(),
         )
 
 
@@ -458,6 +502,36 @@ def test_dtensor_sharded_on_the_class_dim_works_as_loss_parallel(world, case):
     values = [ranks[r]["dtensor"][case][2] for r in sorted(ranks)]
     grad = np.concatenate([ranks[r]["dtensor"][case][3] for r in sorted(ranks)], axis=1)
     _judge_against_spec_and_unsharded(case, values[0], grad, f"DTensor on {size} ranks")
+
+
+def test_dtensor_on_a_data_by_vocab_mesh_works_as_loss_parallel(world):
+    # rows split over "data": the mean is a Partial sum over it (each rank's share of the global
+    # mean, the denominator all-reduced), replicated over "vocab"; rows replicated: replicated
+    size, ranks = world
+    if size != 4:
+        pytest.skip("the 2 x 2 mesh needs the 4-rank world")
+    expected = {
+        "mean": ["P(sum)", "R"],
+        "none": ["R", "R"],
+    }
+    logits, targets = _inputs("mixed")
+    for case, (loss, _) in DTENSOR_2D_CASES.items():
+        grad = np.full((N, C), np.nan)
+        for rank, results in ranks.items():
+            placements, value, local_grad, (rows, classes), lse = results["dtensor_2d"][case]
+            assert placements == expected[case], (rank, case, placements)
+            if rows == slice(None):
+                # replicated rows: every rank of a vocab slice holds the same gradient block
+                assert np.isnan(grad[rows, classes]).all() or np.array_equal(
+                    grad[rows, classes], local_grad
+                ), (rank, case)
+            grad[rows, classes] = local_grad
+            np.testing.assert_array_equal(value, ranks[0]["dtensor_2d"][case][1], err_msg=case)
+        assert not np.isnan(grad).any(), case
+        name, options = _option_options(loss)
+        _judge_call(name, options, logits, targets, "float64", value, grad, f"2 x 2 mesh {case}")
+        _, aux = getattr(spec, name)(logits, targets, **options, return_aux=True)
+        np.testing.assert_allclose(lse, aux["lse"], rtol=4 * np.finfo(np.float64).eps)
 
 
 def test_bad_input_gets_one_sentence_naming_the_argument(world):

@@ -148,7 +148,9 @@ def _from_dtensor(logits, targets, axis, process_group):
                 f"Received: placements={tuple(targets.placements)}."
             )
         targets = targets.to_local()
-    layout = (mesh, class_dim, tuple(out_placements))
+    # the loss's global shape (for rows split unevenly over the batch dimension)
+    shape = tuple(logits.shape[:class_axis]) + tuple(logits.shape[class_axis + 1 :])
+    layout = (mesh, class_dim, tuple(out_placements), shape)
     return logits.to_local(), targets, mesh.get_group(class_dim), layout
 
 
@@ -156,7 +158,7 @@ def _batch_group(layout):
     """The group of the mesh dimension that splits the batch, or None (no such dimension)."""
     from torch.distributed.tensor import Shard
 
-    mesh, class_dim, placements = layout
+    mesh, class_dim, placements, _ = layout
     for d, p in enumerate(placements):
         if d != class_dim and isinstance(p, Shard):
             return mesh.get_group(d)
@@ -171,10 +173,14 @@ def _to_dtensor(loss, layout, reduction):
     flows back to the local slice unchanged."""
     from torch.distributed.tensor import DTensor, Partial, Shard
 
-    mesh, class_dim, placements = layout
+    mesh, class_dim, placements, shape = layout
     if reduction != "none":
         placements = tuple(Partial() if isinstance(p, Shard) else p for p in placements)
-    return DTensor.from_local(loss, mesh, list(placements), run_check=False)
+        shape = ()
+    stride = torch.empty(shape, device="meta").stride()
+    return DTensor.from_local(
+        loss, mesh, list(placements), run_check=False, shape=shape, stride=stride
+    )
 
 
 def _class_slice(num_local: int, group, device) -> tuple[int, int]:
