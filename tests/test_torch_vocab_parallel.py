@@ -65,7 +65,8 @@ DTENSOR_CASES = [("ce", "mean", "mixed", "float32"), ("focal_alpha", "sum", "mix
 # in float64 and float32, with return_aux in a second call; "mask" is a class mask (sliced like
 # the logits), "rows" a per-element one
 OPTION_LOSSES = {
-    "ce_z_loss": ("softmax_cross_entropy", {"z_loss": 1e-2}),
+    # a small z-loss: its gradient at a confident target is far below the cross entropy's terms
+    "ce_z_loss": ("softmax_cross_entropy", {"z_loss": 1e-4}),
     "ce_softcap_weight": (
         "softmax_cross_entropy",
         {"softcap": 5.0, "weight": "vector", "reduction": "none"},

@@ -307,13 +307,28 @@ def sharded_reproducer(line: str, *, mesh=None, world=None) -> str:
 # ----------------------------------------------------------------------------------------------
 
 
+# the LLM head options (DESIGN 13) the sharded paths take: each case of these regions is judged a
+# second time with them (a cap below the typical regions' logits, so that it bites)
+HEAD_OPTIONS = {"z_loss": 1e-3, "softcap": 8.0}
+HEAD_REGIONS = ("typical", "confident_correct", "confident_wrong", "masked", "where", "ignored")
+
+
 def _cases(losses, dtypes, level, regions):
+    """The oracle's cases, then those of ``HEAD_REGIONS`` again with ``HEAD_OPTIONS``."""
+    from dataclasses import replace
+
     from .cases import make_cases
 
     for loss in losses:
         for dtype in dtypes:
-            for case in make_cases(loss, dtype, level=level, regions=regions):
+            cases = make_cases(loss, dtype, level=level, regions=regions)
+            for case in cases:
                 yield loss, dtype, case
+            for case in cases:
+                if case.region in HEAD_REGIONS:
+                    label = f"{case.label} z_loss softcap"
+                    options = {**case.options, **HEAD_OPTIONS}
+                    yield loss, dtype, replace(case, label=label, options=options)
 
 
 def _compare(prep, outcome, unsharded, judgement, name) -> list[str]:
@@ -492,10 +507,10 @@ def _torch_worker(rank, world, port, out_dir, losses, dtypes, level, regions):
                 base = sharded.supports
 
                 def supports(prep, base=base):
-                    # what process_group= takes: class indices, no smoothing, no `where`
-                    options = prep.case.options
-                    return (prep.case.index_targets and not options.get("label_smoothing")
-                            and options.get("where") is None and base(prep))  # fmt: skip
+                    # what process_group= takes: class indices; label smoothing with the
+                    # cross entropy (gamma 0) only
+                    smoothing = prep.case.options.get("label_smoothing") and prep.case.gamma
+                    return prep.case.index_targets and not smoothing and base(prep)
 
                 sharded.supports = supports
                 sharded.name = name
@@ -509,9 +524,9 @@ def _torch_worker(rank, world, port, out_dir, losses, dtypes, level, regions):
             records += got
             failures += lost
             if left_out and rank == 0:
-                notes.append(f"{name}: {left_out} cases left out: probability targets, label "
-                             f"smoothing or `where` (process_group= refuses them), or fewer "
-                             f"than {world} classes")  # fmt: skip
+                notes.append(f"{name}: {left_out} cases left out: probability targets or the "
+                             f"focal loss with label smoothing (process_group= refuses them), or "
+                             f"fewer than {world} classes")  # fmt: skip
         result = (records, failures, notes)
     except BaseException:  # noqa: BLE001 - handed to the parent, which reports it
         result = ([], [], [f"torch rank {rank} of {world} crashed: {traceback.format_exc()}"])

@@ -724,24 +724,26 @@ class _VocabParallel(torch.autograd.Function):
         )
         g = grad_loss.unsqueeze(-1)
         coefficient = g * v
-        # the whole row's target mass times the incoming gradient: v, plus M with smoothing
-        total = coefficient if m is None else coefficient + g * (m_y + m_rest)
-        at_y = -not_p * coefficient
-        if m is not None:
-            # at the target: p_y m_rest - (1 - p_y) m_y more
-            at_y = at_y - not_p * (g * m_y)
+        # at the target, -(1 - p_y) times its own mass (v, and m_y with smoothing) ...
+        own = coefficient if m is None else coefficient + g * m_y
+        # ... plus p_y times the rest of the row's: m_rest and the z-term's 2 z_loss lse, each
+        # formed apart (never as the total less the target's own: that would cancel)
+        rest = None if m is None else g * m_rest
         if ctx.z_loss != 0.0:
             # d/dz_j z_loss lse^2 = 2 z_loss lse p_j
-            total = total + g * ((2.0 * ctx.z_loss) * lse.unsqueeze(-1))
+            z_term = g * ((2.0 * ctx.z_loss) * lse.unsqueeze(-1))
+            rest = z_term if rest is None else rest + z_term
+        # the row's whole target mass (and z-term) times the incoming gradient
+        total = own if rest is None else own + rest
         # p_j = exp(z_j - z_top) / (exp(t) + s), from this rank's logits and the row's numbers
         p = torch.exp(z - z_top) / normaliser
         grad = p * total
         if m is not None:
             grad = grad - g * m
-        p_y = p.gather(-1, local_y)
-        # p_y (total - v - m_y) - (1 - p_y)(v + m_y) = p_y total - v - m_y, without cancelling
-        from_total = total - coefficient if m is None else total - coefficient - g * m_y
-        at_y = at_y + p_y * from_total
+        # p_y total - own = p_y rest - (1 - p_y) own, without cancelling
+        at_y = -not_p * own
+        if rest is not None:
+            at_y = at_y + p.gather(-1, local_y) * rest
         at_y = torch.where(owns, at_y, grad.gather(-1, local_y))
         grad = grad.scatter(-1, local_y, at_y)
         if keep is not None:
