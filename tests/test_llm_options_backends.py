@@ -1,8 +1,8 @@
 """The LLM head options (`z_loss=`, `softcap=`, DESIGN 13) of torch_impl and jax_impl against the
 float64 spec under the strict standard (``dualloss.parity.tolerance``, which derives what the
 cap and the z-term add to it), every dtype, class-index and probability targets, with the other
-options, every reduction; and the paths that must decline them (Triton, vocab-parallel,
-axis_name) either do so correctly or refuse with one sentence."""
+options, every reduction; the path that must decline them (Triton) does so correctly, and the
+vocab-parallel ones (process_group, axis_name) take them."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ def test_jax_head_options_match_spec(loss, head, kind, reduction, dtype):
 
 
 # ----------------------------------------------------------------------------------------------
-# Paths that decline the options: the Triton kernels (eager instead), the class split (refused)
+# Paths that decline the options (the Triton kernels: eager instead) or split the classes
 # ----------------------------------------------------------------------------------------------
 
 
@@ -236,50 +236,44 @@ def one_rank_group():
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize(
-    ("head", "message"),
-    [
-        (
-            {"z_loss": 1e-4},
-            r"^`z_loss` is not supported with `process_group` \(yet\): pass 0\.0\. "
-            r"Received: z_loss=0\.0001\.$",
-        ),
-        (
-            {"softcap": 30.0},
-            r"^`softcap` is not supported with `process_group` \(yet\): pass None\. "
-            r"Received: softcap=30\.0\.$",
-        ),
-    ],
-)
+@pytest.mark.parametrize("head", [{"z_loss": 1e-4}, {"softcap": 30.0, "z_loss": 1e-3}])
 @pytest.mark.parametrize("loss", LOSSES)
-def test_process_group_refuses_the_options_in_one_sentence(loss, head, message, one_rank_group):
-    z = torch.zeros(4, 5)
-    with pytest.raises(ValueError, match=message):
-        getattr(ti, loss)(z, torch.arange(4), process_group=one_rank_group, **head)
+def test_process_group_takes_the_options_on_one_rank(loss, head, one_rank_group):
+    # the vocab-parallel path on a group of one rank (tests/test_torch_vocab_parallel.py splits
+    # the classes over 2 and 4 gloo processes)
+    logits, targets = _case("index", 3.0)
+    x = torch.tensor(logits, requires_grad=True)
+    value = getattr(ti, loss)(x, torch.tensor(targets), process_group=one_rank_group, **head)
+    value.backward()
+    assert_matches_spec(
+        loss, logits, targets, dict(head, axis=1), "float64", value.detach().numpy(),
+        x.grad.numpy(), context=f"torch_impl.{loss}({head}, process_group=one rank)",
+    )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("head", "message"),
-    [
-        (
-            {"z_loss": 1e-4},
-            r"^`z_loss` is not supported with `axis_name` \(yet\): pass 0\.0\. "
-            r"Received: z_loss=0\.0001\.$",
-        ),
-        (
-            {"softcap": 30.0},
-            r"^`softcap` is not supported with `axis_name` \(yet\): pass None\. "
-            r"Received: softcap=30\.0\.$",
-        ),
-    ],
-)
+@pytest.mark.parametrize("head", [{"z_loss": 1e-4}, {"softcap": 30.0, "z_loss": 1e-3}])
 @pytest.mark.parametrize("loss", LOSSES)
-def test_axis_name_refuses_the_options_in_one_sentence(loss, head, message):
-    pytest.importorskip("jax")
+def test_axis_name_takes_the_options_on_one_device(loss, head):
+    # the class split over a mesh axis of one device (tests/test_jax_axis_name.py: 8 devices)
+    jax = pytest.importorskip("jax")
+    from jax.sharding import Mesh
+    from jax.sharding import PartitionSpec as P
+
     from dualloss import jax_impl as ji
 
-    with pytest.raises(ValueError, match=message):
-        getattr(ji, loss)(np.zeros((4, 5), np.float32), np.arange(4), axis_name="x", **head)
+    logits, targets = _case("index", 3.0)
+    logits = logits.astype(np.float32)
+    mesh = Mesh(np.array(jax.devices()[:1]), ("vocab",))
+
+    def f(x, t):
+        return getattr(ji, loss)(x, t, axis_name="vocab", **head)
+
+    g = jax.shard_map(f, mesh=mesh, in_specs=(P(None, "vocab"), P()), out_specs=P())
+    value, grad = jax.value_and_grad(g)(logits, targets)
+    assert_matches_spec(
+        loss, logits.astype(np.float64), targets, head, "float32", np.asarray(value, np.float64),
+        np.asarray(grad, np.float64), context=f"jax_impl.{loss}({head}, axis_name)",
+    )  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------
