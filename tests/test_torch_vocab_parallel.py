@@ -89,6 +89,19 @@ OPTION_LOSSES = {
         "softmax_cross_entropy",
         {"where": "rows", "normalizer": 4.0, "z_loss": 1e-2},
     ),
+    # probability targets, sliced like the logits (their gradient too)
+    "ce_probabilities": ("softmax_cross_entropy", {"targets": "probabilities", "z_loss": 1e-4}),
+    "ce_probabilities_smoothing_where": (
+        "softmax_cross_entropy",
+        {
+            "targets": "probabilities",
+            "label_smoothing": 0.1,
+            "where": "mask",
+            "weight": "vector",
+            "softcap": 5.0,
+            "reduction": "sum",
+        },
+    ),  # fmt: skip
 }
 # DTensor logits on a 2 x 2 data x vocab mesh: (option loss, how the rows are laid out)
 DTENSOR_2D_CASES = {
@@ -150,10 +163,40 @@ def _mask(kind):
     return mask
 
 
+def _probabilities():
+    """Global probability targets (N, C), with exact zeros, none on row 3's -inf classes."""
+    rng = np.random.default_rng(30)
+    p = rng.dirichlet(np.ones(C), size=N)
+    p[:, 5:7] = 0.0
+    p[3, [0, 1, 2, 8, 11]] = 0.0
+    p[2] = 0.0
+    p[2, 3] = 1.0  # all the mass on the confident row's top class
+    return p / p.sum(axis=1, keepdims=True)
+
+
+def _option_targets(loss):
+    """The global targets of an option case: class indices, or probabilities."""
+    _, options = LOSSES[loss] if loss in LOSSES else OPTION_LOSSES[loss]
+    if options.get("targets") == "probabilities":
+        return _probabilities()
+    return _inputs("mixed")[1]
+
+
+def _option_logits(loss):
+    """The global logits of an option case: row 1's +inf (an ignored row's garbage for class
+    indices) made finite for probability targets, where the row counts (a +inf logit makes it
+    NaN; which of its gradient entries are NaN differs between the paths, and the spec allows
+    either)."""
+    logits, _ = _inputs("mixed")
+    if np.issubdtype(_option_targets(loss).dtype, np.floating):
+        logits[1, 4] = 2.0
+    return logits
+
+
 def _option_options(loss):
-    """(name, options of the global call, those for the spec) of an option case."""
+    """(name, options of the global call) of an option case (its targets: ``_option_targets``)."""
     name, options = LOSSES[loss] if loss in LOSSES else OPTION_LOSSES[loss]
-    options = dict(options)
+    options = {key: value for key, value in options.items() if key != "targets"}
     for key, value in options.items():
         if value == "vector":
             options[key] = np.linspace(0.2, 1.0, C)
@@ -253,9 +296,9 @@ def _worker_cases(rank, world, results):
 
 def _worker_options(rank, world, results, start, size):
     results["options"] = {}
-    logits, targets = _inputs("mixed")
     for case in OPTION_CASES:
         loss, dtype_name = case
+        logits = _option_logits(loss)
         dtype = getattr(torch, dtype_name)
         name, options = _option_options(loss)
         options = _torch_options(options, dtype)
@@ -264,15 +307,21 @@ def _worker_options(rank, world, results, start, size):
             # a class mask: this rank's slice, like the logits
             options["where"] = where[:, start : start + size]
         local = torch.tensor(logits[:, start : start + size], dtype=dtype, requires_grad=True)
+        targets = torch.tensor(_option_targets(loss))
+        if targets.is_floating_point():
+            # probabilities: this rank's slice, like the logits, with its gradient
+            targets = targets[:, start : start + size].to(dtype).requires_grad_(True)
         group = {"process_group": dist.group.WORLD}
-        value = _call(name, local, torch.tensor(targets), options, **group)
+        value = _call(name, local, targets, options, **group)
         _, aux = getattr(ti, name)(
-            local.detach(), torch.tensor(targets), **options, **group, return_aux=True
+            local.detach(), targets.detach(), **options, **group, return_aux=True
         )
+        target_grad = None if targets.grad is None else targets.grad.double().numpy()
         results["options"][case] = (
             value.detach().double().numpy(),
             local.grad.double().numpy(),
             {key: stat.double().numpy() for key, stat in aux.items()},
+            target_grad,
         )
 
 
@@ -363,7 +412,7 @@ def _worker_errors(rank, world, results):
         "group_type": lambda: ti.softmax_focal_loss(
             local, torch.tensor(targets), process_group="world"
         ),
-        "probabilities": lambda: ti.softmax_cross_entropy(
+        "probabilities": lambda: ti.softmax_focal_loss(
             local, torch.full((N, sizes[rank]), 0.1), process_group=dist.group.WORLD
         ),
         "label_smoothing": lambda: ti.softmax_focal_loss(
@@ -446,11 +495,16 @@ def _judge_call(name, options, logits, targets, dtype_name, value, grad, context
         for key, value in options.items()
     }
     assert grad.shape == seen.shape
+    if np.issubdtype(targets.dtype, np.floating):
+        # probabilities: rounded to the dtype like the logits
+        targets = torch.tensor(targets, dtype=dtype).double().numpy()
     judgement = judge(name, seen, targets, seen_options, dtype_name, value, grad)
     problems = "; ".join(judgement.nonfinite + judgement.inaccurate)
     assert judgement.ok, f"{context} against the spec [{dtype_name}]: {problems}"
     full = torch.tensor(logits, dtype=dtype, requires_grad=True)
-    one = _call(name, full, torch.tensor(targets), _torch_options(options, dtype))
+    given = torch.tensor(targets)
+    given = given.to(dtype) if given.is_floating_point() else given
+    one = _call(name, full, given, _torch_options(options, dtype))
     one_value, one_grad = one.detach().double().numpy(), full.grad.double().numpy()
     # the same standard between the two: each entry within the strict tolerance of the other
     for what, ours, theirs, tolerance in (
@@ -551,10 +605,12 @@ def test_bad_input_gets_one_sentence_naming_the_argument(world):
         assert kind == "TypeError" and message.startswith("`process_group` must be a torch")
         assert "Received: process_group of type str." in message
         kind, message = errors["probabilities"]
-        assert kind == "ValueError" and message.startswith("`targets` must be class indices")
+        assert kind == "ValueError" and message.startswith(
+            "`gamma` must be 0 for probability targets when the classes are split"
+        )
+        assert message.endswith("Received: gamma=2.0.")
         kind, message = errors["label_smoothing"]
-        assert kind == "ValueError" and "label_smoothing=0.1" in message
-        assert message.startswith("`label_smoothing` is not supported by softmax_focal_loss")
+        assert kind == "ValueError" and message.startswith("`gamma` must be 0 for label_smoothing")
         kind, message = errors["smoothing_weight_grad"]
         assert kind == "ValueError" and message.startswith("`weight` must not require grad")
         kind, message = errors["replicated_dtensor"]
@@ -567,8 +623,26 @@ def test_head_options_smoothing_and_where_match_the_spec_and_unsharded_torch(wor
     value, grad = _gathered(ranks, "options", case)
     loss, dtype_name = case
     name, options = _option_options(loss)
-    logits, targets = _inputs("mixed")
+    logits, targets = _option_logits(loss), _option_targets(loss)
     _judge_call(name, options, logits, targets, dtype_name, value, grad, f"{size} ranks {case}")
+    if np.issubdtype(targets.dtype, np.floating):
+        # the probability targets' gradient: each rank its slice, as the spec's (+inf where the
+        # class's probability is 0, as on one device)
+        dtype = getattr(torch, dtype_name)
+        target_grad = np.concatenate([ranks[r]["options"][case][3] for r in sorted(ranks)], axis=1)
+        seen = {
+            key: torch.tensor(v, dtype=dtype).double().numpy()
+            if isinstance(v, np.ndarray) and v.dtype != bool
+            else v
+            for key, v in options.items()
+        }
+        expected = getattr(spec, name + "_grad")(
+            torch.tensor(logits, dtype=dtype).double().numpy(),
+            torch.tensor(targets, dtype=dtype).double().numpy(), **seen, wrt="targets",
+        )  # fmt: skip
+        eps = float(torch.finfo(dtype).eps)
+        scale = np.max(np.abs(expected[np.isfinite(expected)]), initial=1.0)
+        np.testing.assert_allclose(target_grad, expected, rtol=0, atol=16 * eps * scale)
 
 
 @pytest.mark.parametrize("case", OPTION_CASES, ids=["-".join(c) for c in OPTION_CASES])
@@ -578,8 +652,10 @@ def test_return_aux_over_ranks_matches_the_spec(world, case):
     size, ranks = world
     loss, dtype_name = case
     name, options = _option_options(loss)
-    logits, targets = _inputs("mixed")
+    logits, targets = _option_logits(loss), _option_targets(loss)
     seen = torch.tensor(logits, dtype=getattr(torch, dtype_name)).double().numpy()
+    if np.issubdtype(targets.dtype, np.floating):
+        targets = torch.tensor(targets, dtype=getattr(torch, dtype_name)).double().numpy()
     seen_options = {
         key: torch.tensor(value, dtype=getattr(torch, dtype_name)).double().numpy()
         if isinstance(value, np.ndarray) and value.dtype != bool

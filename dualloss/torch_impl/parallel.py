@@ -140,7 +140,15 @@ def _from_dtensor(logits, targets, axis, process_group):
             out_placements.append(Replicate())
         else:
             out_placements.append(Shard(p.dim if p.dim < class_axis else p.dim - 1))
-    if _is_dtensor(targets):
+    if _is_dtensor(targets) and targets.ndim == logits.ndim:
+        # probability targets: sliced like the logits
+        if tuple(targets.placements) != placements or targets.device_mesh != mesh:
+            raise ValueError(
+                "`targets` of probabilities as a DTensor must be laid out like the logits. "
+                f"Received: placements={tuple(targets.placements)}."
+            )
+        targets = targets.to_local()
+    elif _is_dtensor(targets):
         if tuple(targets.placements) != tuple(out_placements) or targets.device_mesh != mesh:
             raise ValueError(
                 "`targets` as a DTensor must be replicated over the class dimension of the mesh "

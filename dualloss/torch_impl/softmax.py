@@ -602,7 +602,7 @@ def _softmax_triton(logits, targets, class_weight, axis, gamma, ignore_index, we
 class _VocabParallel(torch.autograd.Function):
     """The fast path's loss where each rank holds a contiguous slice of the classes.
 
-    forward(z, y, a_y, keep, gamma, start, group, smooth, z_loss): z the class-last local
+    forward(z, y, a_y, keep, gamma, start, group, m, m_y, m_rest, z_loss): z the class-last local
     logits [..., C_r] in the compute dtype (capped already with `softcap`: the cap is
     elementwise), y the global target indices [..., 1] (ignored rows at 0), a_y [..., 1] the
     target's mass (None: 1; (1 - eps) w_y with label smoothing), keep [...] or None, `start` this
@@ -617,11 +617,15 @@ class _VocabParallel(torch.autograd.Function):
     target s is the spec's s (the others' share over the top's), so ``_log_not_p`` and
     ``_focal_phi`` take it as they are; elsewhere p_y <= 1/2 and 1 - p_y needs no care.
 
-    Label smoothing (cross entropy): `smooth` = (m, m_y, m_rest), the smoothing mass
-    m_c = eps w_c / C (over the classes inside `where`: eps w_c / C_valid) of this rank's classes
-    ([..., C_r] or [C_r]), at the target (m_y) and summed over every rank's other classes
-    (m_rest, [..., 1]). Its loss -sum_c m_c log p_c = M log(exp(t) + s) - sum_c m_c (z_c - z_top),
-    M = m_y + m_rest: one more number per row in the SUM. The z-loss z_loss lse^2 needs only
+    Label smoothing (cross entropy): m, the smoothing mass m_c = eps w_c / C (over the classes
+    inside `where`: eps w_c / C_valid) of this rank's classes ([..., C_r] or [C_r]), at the
+    target (m_y) and summed over every rank's other classes (m_rest, [..., 1]); None without.
+    Its loss -sum_c m_c log p_c = M log(exp(t) + s) - sum_c m_c (z_c - z_top), M = m_y + m_rest:
+    one more number per row in the SUM. Probability targets (cross entropy): `y` None, `a_y` 0
+    and m = w t~ this rank's slice of the target mass; the row's first top class over the ranks
+    (one more all-reduce, MIN of its index) takes the target's place, and the SUM carries its
+    mass m_y and the others' m_rest too (so 1 - p_top = s / (exp(t) + s) and M - m_top keep
+    their digits); m's gradient is -log p_c, local. The z-loss z_loss lse^2 needs only
     lse = z_top + log(exp(t) + s), which the row already has; the second output is lse.
 
     Backward is local: p_j = exp(z_j - z_top) / (exp(t) + s) from the saved logits and per-row
@@ -632,14 +636,23 @@ class _VocabParallel(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z, y, a_y, keep, gamma, start, group, smooth, z_loss):
+    def forward(ctx, z, y, a_y, keep, gamma, start, group, m, m_y, m_rest, z_loss):
         num_local = z.shape[-1]
+        local_top, local_first = z.max(dim=-1, keepdim=True)
+        z_top = local_top.clone()
+        # the row's largest logit over every rank: exp(z - z_top) cannot overflow
+        dist.all_reduce(z_top, op=dist.ReduceOp.MAX, group=group)
+        if y is None:
+            # probability targets: the row's first top class over the ranks takes the target's
+            # part (t = 0, s the others' share), its mass m_y and the rest's m_rest summed below
+            none = torch.iinfo(torch.int64).max
+            y = torch.where(local_top == z_top, start + local_first, none)
+            dist.all_reduce(y, op=dist.ReduceOp.MIN, group=group)
+            # a NaN row has no top: any class (its loss is NaN through s)
+            y = torch.where(y == none, start, y)
         local_y = y - start
         owns = (local_y >= 0) & (local_y < num_local)
         local_y = torch.where(owns, local_y, 0)
-        z_top = z.amax(dim=-1, keepdim=True)
-        # the row's largest logit over every rank: exp(z - z_top) cannot overflow
-        dist.all_reduce(z_top, op=dist.ReduceOp.MAX, group=group)
         shifted = z - z_top
         exp_shifted = torch.exp(shifted)
         shifted_y = torch.where(owns, shifted.gather(-1, local_y), 0.0)
@@ -647,17 +660,27 @@ class _VocabParallel(torch.autograd.Function):
         exp_y = torch.where(owns, 0.0, exp_shifted.gather(-1, local_y))
         s = exp_shifted.scatter(-1, local_y, exp_y).sum(dim=-1, keepdim=True)
         columns = [shifted_y, s]
-        if smooth is not None:
-            m, m_y, m_rest = smooth
+        if m is not None:
             # 0 log 0 = 0: a class without smoothing mass (outside `where`) adds nothing at -inf
             m_shifted = torch.where(m == 0.0, 0.0, m * shifted)
             columns.append(m_shifted.sum(dim=-1, keepdim=True))
+            if m_y is None:
+                # probability targets: the mass at the top class (from the rank that owns it)
+                # and off it, summed apart (no cancellation in M - m_y)
+                m = m.expand(z.shape)
+                at_top = m.gather(-1, local_y)
+                columns.append(torch.where(owns, at_top, 0.0))
+                off = m.scatter(-1, local_y, torch.where(owns, 0.0, at_top))
+                columns.append(off.sum(dim=-1, keepdim=True))
         stats = torch.cat(columns, dim=-1)
         # t = z_y - z_top from the rank that owns the target (the others add 0) and s, the sum of
         # the other classes' exponentials over every rank (a NaN logit anywhere makes s NaN);
-        # with label smoothing, sum_c m_c (z_c - z_top) over every rank's classes
+        # with label smoothing, sum_c m_c (z_c - z_top) over every rank's classes (and, for
+        # probability targets, the top's mass and the others')
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
         t, s = stats[..., :1], stats[..., 1:2]
+        if m is not None and m_y is None:
+            m_y, m_rest = stats[..., 3:4], stats[..., 4:5]
         is_top = t == 0.0
         # log(exp(t) + s) = log1p(expm1(t) + s): log1p(s) at a top target
         log1p_s = torch.log1p(torch.expm1(t) + s)
@@ -695,9 +718,9 @@ class _VocabParallel(torch.autograd.Function):
                 per_mass = per_mass if focal_weight is None else focal_weight * per_mass
                 if keep is not None:
                     per_mass = torch.where(keep.unsqueeze(-1), per_mass, 0.0)
-        if smooth is not None:
+        if m is not None:
             # -sum_c m_c log p_c = M log(exp(t) + s) - sum_c m_c (z_c - z_top)
-            loss = loss + ((m_y + m_rest) * log1p_s - stats[..., 2:])
+            loss = loss + ((m_y + m_rest) * log1p_s - stats[..., 2:3])
         # lse = z_top + log(exp(t) + s): the z-loss and ``return_aux``'s lse
         lse = z_top + log1p_s
         if z_loss != 0.0:
@@ -707,10 +730,23 @@ class _VocabParallel(torch.autograd.Function):
             # ignored elements give 0, whatever their logits
             loss = torch.where(keep, loss, 0.0)
             lse = torch.where(keep, lse, 0.0)
-        if smooth is None:
-            m = m_y = m_rest = None
+        # the mass's own derivative -log p_c (0 where p_c = 0), for differentiable targets
+        log_norm = log1p_s if m is not None and ctx.needs_input_grad[7] else None
         ctx.save_for_backward(
-            z, z_top, normaliser, not_p, v, local_y, owns, keep, per_mass, m, m_y, m_rest, lse
+            z,
+            z_top,
+            normaliser,
+            not_p,
+            v,
+            local_y,
+            owns,
+            keep,
+            per_mass,
+            m,
+            m_y,
+            m_rest,
+            lse,
+            log_norm,
         )
         ctx.z_loss = z_loss
         ctx.mark_non_differentiable(lse)
@@ -720,8 +756,9 @@ class _VocabParallel(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_loss, grad_lse):
         z, z_top, normaliser, not_p, v, local_y, owns, keep, per_mass, m, m_y, m_rest, lse = (
-            ctx.saved_tensors
+            ctx.saved_tensors[:13]
         )
+        log_norm = ctx.saved_tensors[13]
         g = grad_loss.unsqueeze(-1)
         coefficient = g * v
         # at the target, -(1 - p_y) times its own mass (v, and m_y with smoothing) ...
@@ -753,7 +790,14 @@ class _VocabParallel(torch.autograd.Function):
         grad_a = None
         if ctx.needs_input_grad[2]:
             grad_a = grad_loss.unsqueeze(-1) * per_mass
-        return grad, None, grad_a, None, None, None, None, None, None
+        # the local mass's gradient -log p_c = log(exp(t) + s) - (z_c - z_top) (probability
+        # targets: each rank its slice; +inf where p_c = 0, as the spec), 0 on rows not kept
+        grad_m = None
+        if log_norm is not None:
+            grad_m = g * (log_norm - (z - z_top))
+            if keep is not None:
+                grad_m = torch.where(keep.unsqueeze(-1), grad_m, 0.0)
+        return grad, None, grad_a, None, None, None, None, grad_m, None, None, None
 
 
 class _SoftCap(torch.autograd.Function):
@@ -851,108 +895,149 @@ def _softmax_vocab_parallel(
 ):  # fmt: skip
     """(the per-element loss, keep, aux) of class-sharded `logits` (this rank's slice, whose
     first class is `start`, of `num_classes`) through ``_VocabParallel``; `targets` global class
-    indices, `class_weight` the global vector, `where` a class mask sliced like the logits (or a
-    per-element one). `keep` the kept elements (None: all), `aux` the per-element statistics of
-    ``return_aux`` (None without it)."""
-    if not is_index:
+    indices or probabilities sliced like the logits, `class_weight` the global vector, `where` a
+    class mask sliced like the logits (or a per-element one). `keep` the kept elements (None:
+    all), `aux` the per-element statistics of ``return_aux`` (None without it)."""
+    dense = not is_index or label_smoothing != 0.0
+    if dense and gamma != 0.0:
+        what = "label_smoothing" if is_index else "probability targets"
         raise ValueError(
-            "`targets` must be class indices when the classes are split over `process_group` "
-            "(probability targets sliced like the logits are not implemented in torch yet; "
-            "jax_impl's `axis_name` takes them). "
-            f"Received: targets of dtype {str(targets.dtype).removeprefix('torch.')}."
+            f"`gamma` must be 0 for {what} when the classes are split over `process_group` (the "
+            "focal terms of every class are not implemented there yet; jax_impl's `axis_name` "
+            f"takes them): use softmax_cross_entropy. Received: gamma={gamma!r}."
         )
-    if label_smoothing != 0.0 and gamma != 0.0:
+    if dense and class_weight is not None and class_weight.requires_grad:
         raise ValueError(
-            "`label_smoothing` is not supported by softmax_focal_loss with `process_group` (yet; "
-            "softmax_cross_entropy takes it): pass 0.0. "
-            f"Received: label_smoothing={label_smoothing!r}."
-        )
-    if label_smoothing != 0.0 and class_weight is not None and class_weight.requires_grad:
-        raise ValueError(
-            "`weight` must not require grad with `label_smoothing` and `process_group` (its "
-            "gradient would be split over the ranks): detach it. Received: a `weight` that "
-            "requires grad."
+            "`weight` must not require grad with label smoothing or probability targets and "
+            "`process_group` (its gradient would be split over the ranks): detach it. "
+            "Received: a `weight` that requires grad."
         )
     raw = logits.movedim(axis, -1).to(_compute_dtype(logits.dtype))
     num_local = raw.shape[-1]
     dtype = raw.dtype
-    keep = _softmax_keep(targets, None, ignore_index, True)
+    keep = _softmax_keep(targets, None, ignore_index, True) if is_index else None
     local_weight = None if class_weight is None else class_weight[start : start + num_local]
     # the weight of the classes other than the target, over every rank (smoothing's m_rest)
     rest_weight = None
+    valid = None
     if where is not None:
         valid = where.expand(logits.shape).movedim(axis, -1)
-        y = torch.where(keep, targets, 0) if keep is not None else targets
-        local_y = (y - start).unsqueeze(-1)
-        owns = (local_y >= 0) & (local_y < num_local)
-        local_y = torch.where(owns, local_y, 0)
-        on_y = valid.gather(-1, local_y) & owns
-        weights = valid.to(dtype) if local_weight is None else torch.where(valid, local_weight, 0.0)
-        off_y = weights.scatter(-1, local_y, torch.where(owns, 0.0, weights.gather(-1, local_y)))
-        stats = torch.cat(
-            [valid.sum(dim=-1, keepdim=True).to(dtype), on_y.to(dtype), off_y.sum(-1, True)],
-            dim=-1,
-        )
+        columns = [valid.sum(dim=-1, keepdim=True).to(dtype)]
+        if is_index:
+            y = torch.where(keep, targets, 0) if keep is not None else targets
+            local_y = (y - start).unsqueeze(-1)
+            owns = (local_y >= 0) & (local_y < num_local)
+            local_y = torch.where(owns, local_y, 0)
+            at_y = valid.gather(-1, local_y) & owns
+            weights = valid.to(dtype) if local_weight is None else valid * local_weight
+            off_y = weights.scatter(
+                -1, local_y, torch.where(owns, 0.0, weights.gather(-1, local_y))
+            )
+            columns += [at_y.to(dtype), off_y.sum(dim=-1, keepdim=True)]
+        stats = torch.cat(columns, dim=-1)
         # per row, over every rank: the classes left inside `where`, whether the target is one
         # of them (from the rank that owns it), and their weight off the target
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
-        num_valid, on_y, rest_weight = stats[..., :1], stats[..., 1], stats[..., 2:]
+        num_valid = stats[..., :1]
         # a row with no class left, or its target outside `where`, is left out like an ignored one
-        left = (num_valid.squeeze(-1) > 0.0) & (on_y > 0.0)
+        left = num_valid.squeeze(-1) > 0.0
+        if is_index:
+            left = left & (stats[..., 1] > 0.0)
+            rest_weight = stats[..., 2:]
         keep = left if keep is None else keep & left
         # classes outside `where` leave the softmax (-inf); rows left out: zeros (finite)
         raw = torch.where(valid, raw, -math.inf)
         raw = torch.where(keep.unsqueeze(-1), raw, 0.0)
-    y = (targets if keep is None else torch.where(keep, targets, 0)).unsqueeze(-1)
-    if class_weight is None:
-        a_y = None if keep is None else keep.to(dtype).unsqueeze(-1)
-    elif keep is None:
-        a_y = class_weight[y]
-    else:
-        a_y = torch.where(keep.unsqueeze(-1), class_weight[y], 0.0)
-    smooth = None
-    if label_smoothing != 0.0:
-        # t~ = (1 - eps) onehot(y) + eps / C: the target keeps (1 - eps) of its mass ...
-        a_y = (1.0 - label_smoothing) * (torch.ones_like(y, dtype=dtype) if a_y is None else a_y)
-        # ... and eps w_c / C goes to every class (inside `where`: / C_valid, outside 0)
-        ones = torch.ones(num_local, dtype=dtype, device=raw.device)
-        m = ones if local_weight is None else local_weight
-        w_y = torch.ones_like(a_y) if class_weight is None else class_weight[y]
-        if where is None:
-            if class_weight is None:
-                rest_weight = torch.full_like(a_y, num_classes - 1.0)
-            else:
-                # sum_{c != y} w_c without cancellation, from the global vector (C numbers)
-                rest_weight = _sum_except_self(class_weight.detach())[y]
-            scale = label_smoothing / num_classes
+    m = m_y = m_rest = None
+    if is_index:
+        y = (targets if keep is None else torch.where(keep, targets, 0)).unsqueeze(-1)
+        if class_weight is None:
+            a_y = None if keep is None else keep.to(dtype).unsqueeze(-1)
+        elif keep is None:
+            a_y = class_weight[y]
         else:
-            m = torch.where(valid, m, 0.0)
-            scale = label_smoothing / num_valid.clamp_min(1.0)
-        smooth = (m * scale, w_y * scale, rest_weight * scale)
+            a_y = torch.where(keep.unsqueeze(-1), class_weight[y], 0.0)
+    else:
+        # probability targets: this rank's slice of the target mass, no one-hot part
+        y = None
+        a_y = raw.new_zeros(raw.shape[:-1] + (1,))
+        m = targets.movedim(axis, -1).to(dtype)
+        if valid is not None:
+            # target mass on a class outside `where` leaves the sum (optax), it does not give +inf
+            m = torch.where(valid & keep.unsqueeze(-1), m, 0.0)
+    target_mass = m
+    if label_smoothing != 0.0:
+        # t~ = (1 - eps) t + eps / C: the target keeps (1 - eps) of its mass ...
+        if is_index:
+            ones = torch.ones_like(y, dtype=dtype)
+            a_y = (1.0 - label_smoothing) * (ones if a_y is None else a_y)
+        else:
+            m = (1.0 - label_smoothing) * m
+        # ... and eps / C goes to every class (inside `where`: eps / C_valid, outside 0)
+        if where is None:
+            uniform = label_smoothing / num_classes
+        else:
+            uniform = torch.where(valid, label_smoothing / num_valid.clamp_min(1.0), 0.0)
+        if is_index:
+            w_y = torch.ones_like(a_y) if class_weight is None else class_weight[y]
+            if where is None:
+                if class_weight is None:
+                    rest_weight = torch.full_like(a_y, num_classes - 1.0)
+                else:
+                    # sum_{c != y} w_c without cancellation, from the global vector (C numbers)
+                    rest_weight = _sum_except_self(class_weight.detach())[y]
+                m = torch.full((num_local,), uniform, dtype=dtype, device=raw.device)
+                scale = uniform
+            else:
+                m = uniform
+                scale = label_smoothing / num_valid.clamp_min(1.0)
+            m_y, m_rest = w_y * scale, rest_weight * scale
+        else:
+            m = m + uniform
+            target_mass = m
+        if is_index and local_weight is not None:
+            m = m * local_weight
+    if not is_index and local_weight is not None:
+        # the class weight times the (smoothed) target mass
+        m = m * local_weight
     z = raw
     if softcap is not None:
         # the cap is elementwise: this rank's slice capped, sech^2 of it in backward
         z = _SoftCap.apply(raw, softcap)
-    loss, lse = _VocabParallel.apply(z, y, a_y, keep, gamma, start, group, smooth, z_loss)
+    loss, lse = _VocabParallel.apply(
+        z, y, a_y, keep, gamma, start, group, m, m_y, m_rest, z_loss
+    )  # fmt: skip
     aux = None
     if return_aux:
-        aux = _vocab_parallel_aux(raw.detach(), y, keep, lse, start, z_loss, group)
+        # the target class: the index, or the class of the largest target mass
+        target = y if is_index else target_mass.detach()
+        aux = _vocab_parallel_aux(raw.detach(), target, keep, lse, start, z_loss, group)
     return loss, keep, aux
+
+
+def _first_top(x, start, group):
+    """The global index of the row's largest entry over every rank (the first on ties), [..., 1]:
+    two all-reduces of one number per row (the largest entry, then its first class)."""
+    local_top, local_first = x.max(dim=-1, keepdim=True)
+    top = local_top.clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    none = torch.iinfo(torch.int64).max
+    first = torch.where(local_top == top, start + local_first, none)
+    # its first class in the row: the smallest of the ranks that hold it
+    dist.all_reduce(first, op=dist.ReduceOp.MIN, group=group)
+    return first
 
 
 def _vocab_parallel_aux(raw, y, keep, lse, start, z_loss, group):
     """``return_aux``'s per-element statistics over the ranks: lse and the z-term from the loss's
-    own pass, and whether the largest logit (the first on ties, over every rank) is the target:
-    two more all-reduces of one number per row (the largest logit, then its first class)."""
+    own pass, and whether the largest logit (the first on ties, over every rank) is the target
+    (`y` the class indices [..., 1], or the probability targets' slice of the target mass, whose
+    largest entry is the target class): two (four) more all-reduces of one number per row."""
     with torch.no_grad():
-        local_top, local_first = raw.max(dim=-1, keepdim=True)
-        top = local_top.clone()
         # the row's largest logit before the cap (the cap keeps the order, not every tie)
-        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
-        none = torch.iinfo(torch.int64).max
-        first = torch.where(local_top == top, start + local_first, none)
-        # its first class in the row: the smallest of the ranks that hold it
-        dist.all_reduce(first, op=dist.ReduceOp.MIN, group=group)
+        first = _first_top(raw, start, group)
+        if y.shape[-1] != 1 or y.is_floating_point():
+            y = _first_top(y, start, group)
         correct = first == y
         correct = correct.squeeze(-1) if keep is None else correct.squeeze(-1) & keep
         return {"lse": lse, "z_term": z_loss * lse * lse, "correct": correct.to(lse.dtype)}
@@ -991,7 +1076,7 @@ def _softmax_sharded(
     count = None
     if reduction == "mean" and normalizer is None:
         count = torch.tensor(loss.numel(), device=loss.device) if keep is None else keep.sum()
-        if not is_focal and class_weight is not None:
+        if is_index and not is_focal and class_weight is not None:
             # torch: the weighted mean divides by the weights of the kept targets
             if keep is None:
                 denominator = class_weight[targets].sum()
