@@ -17,7 +17,8 @@ process_group=...)`` (torch) returns ``f(logits, targets, **kwargs)`` of the glo
   with label smoothing is left out (``pads_exactly``).
 * torch: `candidate(local_logits, targets, **kwargs)` on this rank's contiguous slice of the
   classes (``tensor_split`` over the class dim 1, in rank order; sizes differ by at most one), the
-  targets global class indices. Backward all-reduces the zero-padded slice gradients, so every
+  targets global class indices (probability targets and element-wise masks split like the
+  logits). Backward all-reduces the zero-padded slice gradients, so every
   rank holds the whole gradient; the value every rank returns is rank 0's (broadcast), so every
   rank judges the same numbers and takes the same path through the check (it is called on every
   rank; the candidate must raise on all of them or none). Cases with fewer classes than ranks
@@ -507,10 +508,11 @@ def _torch_worker(rank, world, port, out_dir, losses, dtypes, level, regions):
                 base = sharded.supports
 
                 def supports(prep, base=base):
-                    # what process_group= takes: class indices; label smoothing with the
-                    # cross entropy (gamma 0) only
-                    smoothing = prep.case.options.get("label_smoothing") and prep.case.gamma
-                    return prep.case.index_targets and not smoothing and base(prep)
+                    # what process_group= takes: probability targets and label smoothing with
+                    # the cross entropy (gamma 0) only
+                    case = prep.case
+                    dense = not case.index_targets or case.options.get("label_smoothing")
+                    return not (dense and case.gamma) and base(prep)
 
                 sharded.supports = supports
                 sharded.name = name
@@ -524,9 +526,9 @@ def _torch_worker(rank, world, port, out_dir, losses, dtypes, level, regions):
             records += got
             failures += lost
             if left_out and rank == 0:
-                notes.append(f"{name}: {left_out} cases left out: probability targets or the "
-                             f"focal loss with label smoothing (process_group= refuses them), or "
-                             f"fewer than {world} classes")  # fmt: skip
+                notes.append(f"{name}: {left_out} cases left out: the focal loss with "
+                             f"probability targets or label smoothing (process_group= refuses "
+                             f"them), or fewer than {world} classes")  # fmt: skip
         result = (records, failures, notes)
     except BaseException:  # noqa: BLE001 - handed to the parent, which reports it
         result = ([], [], [f"torch rank {rank} of {world} crashed: {traceback.format_exc()}"])

@@ -1288,8 +1288,9 @@ def softmax_cross_entropy(
     mesh, or of a 2-D data x vocab mesh, works without `process_group`, as ``loss_parallel``
     does (the loss a DTensor replicated over the vocab dim, Partial or sharded over the data dim).
     `z_loss`, `softcap`, `return_aux`, `label_smoothing` and `where` (sliced like the logits)
-    work there too (label smoothing adds one number per row, `where` one all-reduce);
-    class-index targets only; not twice differentiable. `z_loss` and `softcap` (DESIGN 13, see
+    work there too (label smoothing adds one number per row, `where` one all-reduce), and
+    probability targets sliced like the logits (the focal loss with them or with smoothing only
+    at gamma = 0); not twice differentiable. `z_loss` and `softcap` (DESIGN 13, see
     the spec) take the eager closed-form path (not the Triton kernel, not the class-index fast
     path). `return_aux=True` returns (loss, {'lse', 'z_term', 'correct'}) as the spec, in the
     logits' dtype (one more logsumexp pass, no gradient).
@@ -1335,7 +1336,7 @@ def softmax_focal_loss(
     Result in the logits' dtype (half precision computed in float32), closed-form gradient,
     bounded for every gamma >= 0. `process_group` (class-sharded logits, global targets, the
     global `alpha` vector): as in ``softmax_cross_entropy``, the same three numbers per row
-    (label smoothing only at gamma = 0).
+    (label smoothing and probability targets only at gamma = 0).
     `z_loss`, `softcap`: as ``softmax_cross_entropy``.
     """
     return _softmax(
