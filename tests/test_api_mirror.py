@@ -139,8 +139,9 @@ BACKEND_EXTRAS = {
         # the LLM head options (DESIGN 13): the capped terms plus the z-term (one closed form,
         # the spec's in ``_softmax_focal_terms``), refused over a mesh axis
         "_softmax_head_terms", "_sharded_refuses", "_capped", "_capped_jvp",
-        # the fused linear losses over a mesh axis: what they refuse (as torch_impl's)
-        "_linear_parallel_refuses",
+        # the fused linear losses over a mesh axis: what they refuse (as torch_impl's), and their
+        # custom_vjp cotangents summed over the mesh axes an input is replicated along
+        "_linear_parallel_refuses", "_varying_axes", "_sum_to_type_of",
     },
     "torch_impl": {
         # dtypes, index validation and functorch

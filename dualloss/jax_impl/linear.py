@@ -25,7 +25,7 @@ from ._inputs import (
     _normalizer,
     _not_torch,
 )
-from .parallel import _class_shard
+from .parallel import _class_shard, _sum_to_type_of
 from .softmax import _at, _log1m, _softmax_focal_terms, _softmax_head_terms
 
 
@@ -234,8 +234,14 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
 
     init = None
     if with_grad:
-        # zeros like w and b: under shard_map the accumulators vary along the mesh axis as they do
-        init = (jnp.zeros_like(w, dtype=dtype), None if b is None else jnp.zeros_like(b))
+        # under shard_map the accumulators vary along every mesh axis their updates do (w's
+        # classes, h's and the targets' rows): the sum of an empty slice of each is an exact 0
+        # of that type (outside shard_map, a plain 0)
+        zero = sum(jnp.sum(x.reshape(-1)[:0]).astype(dtype) for x in (h, w, y, a_y, kept, scale))
+        init = (
+            jnp.zeros_like(w, dtype=dtype) + zero,
+            None if b is None else jnp.zeros_like(b) + zero,
+        )
     carry, (loss, dh) = jax.lax.scan(step, init, xs)
     loss = loss.reshape(-1)[:num_rows]
     if not with_grad:
@@ -248,8 +254,9 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
 
 
 def _nan_like(x):
-    """The cotangent of an input the fused loss does not differentiate: NaN, never a silent 0."""
-    return None if x is None else jnp.full(jnp.shape(x), jnp.nan, jnp.result_type(x))
+    """The cotangent of an input the fused loss does not differentiate: NaN, never a silent 0
+    (of x's type: under ``shard_map`` it varies along the mesh axes x does)."""
+    return None if x is None else jnp.full_like(x, jnp.nan)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
@@ -263,18 +270,21 @@ def _linear_sum(h, w, b, y, a_y, kept, class_weight, row_scale, static):
 def _linear_sum_fwd(h, w, b, y, a_y, kept, class_weight, row_scale, static):
     grad_loss = jnp.broadcast_to(row_scale, y.shape)
     loss, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static)
-    residuals = (dh, dw, db, y, a_y, kept, class_weight, row_scale)
+    # empty slices of the inputs: their types (under shard_map, the axes they vary along)
+    types = tuple(None if x is None else x.reshape(-1)[:0] for x in (h, w, b))
+    residuals = (dh, dw, db, y, a_y, kept, class_weight, row_scale, types)
     return jnp.sum(loss * row_scale), residuals
 
 
 def _linear_sum_bwd(static, residuals, g):
-    dh, dw, db, y, a_y, kept, class_weight, row_scale = residuals
-    # scaled in the compute dtype, then rounded once to the inputs' dtypes
+    dh, dw, db, y, a_y, kept, class_weight, row_scale, (h, w, b) = residuals
+    # scaled in the compute dtype, then rounded once to the inputs' dtypes; summed over the mesh
+    # axes an input is replicated along (the weight over a data axis; nothing outside shard_map)
     w_dtype, b_dtype = static[3]
-    db = None if db is None else (g * db).astype(b_dtype)
+    db = None if db is None else _sum_to_type_of(g * db, b).astype(b_dtype)
     return (
-        (g * dh).astype(dh.dtype),
-        (g * dw).astype(w_dtype),
+        _sum_to_type_of(g * dh, h).astype(dh.dtype),
+        _sum_to_type_of(g * dw, w).astype(w_dtype),
         db,
         None,
         _nan_like(a_y),
@@ -302,8 +312,10 @@ def _linear_rows_fwd(h, w, b, y, a_y, kept, class_weight, static):
 def _linear_rows_bwd(static, residuals, g):
     h, w, b, y, a_y, kept, class_weight = residuals
     _, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, g, static)
-    dw = dw.astype(w.dtype)
-    db = None if db is None else db.astype(b.dtype)
+    # summed over the mesh axes an input is replicated along (nothing outside shard_map)
+    dh = _sum_to_type_of(dh, h)
+    dw = _sum_to_type_of(dw, w).astype(w.dtype)
+    db = None if db is None else _sum_to_type_of(db, b).astype(b.dtype)
     return dh, dw, db, None, _nan_like(a_y), None, _nan_like(class_weight)
 
 
