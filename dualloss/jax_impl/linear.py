@@ -2,7 +2,8 @@
 ``linear_softmax_focal_loss`` (``linear_weight`` (H, V) as flax's Dense kernel).
 
 A scan over blocks of rows with ``jax.custom_vjp``, never holding the (N, V) logits or their
-gradient (docs/linear.md). May import ``_inputs``, ``_autodiff`` and ``softmax``; never
+gradient (docs/linear.md); with ``axis_name=`` the weight's classes split over a mesh axis
+(docs/scaling.md). May import ``_inputs``, ``_autodiff``, ``parallel`` and ``softmax``; never
 ``sigmoid`` or ``dualloss.optax``.
 """
 

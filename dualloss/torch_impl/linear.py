@@ -1,8 +1,9 @@
 """The fused linear + softmax losses of the torch backend: ``linear_softmax_cross_entropy`` and
 ``linear_softmax_focal_loss`` (``linear_weight`` (V, H) as ``nn.Linear``).
 
-Streams over blocks of rows, never holding the (N, V) logits or their gradient (docs/linear.md).
-May import ``_inputs``, ``_autodiff``, ``_kernels`` and ``softmax``; never ``sigmoid`` or
+Streams over blocks of rows, never holding the (N, V) logits or their gradient (docs/linear.md);
+with ``process_group=`` the weight's classes split over ranks (docs/scaling.md). May import
+``_inputs``, ``_autodiff``, ``_kernels``, ``parallel`` and ``softmax``; never ``sigmoid`` or
 ``dropins``.
 """
 
