@@ -2,6 +2,7 @@
 
     python -m benchmarks.scaling jax --shape 8192x32000      # 8 forced host devices, 2 x 4 mesh
     python -m benchmarks.scaling torch --shape 2048x32000 --world 4   # gloo processes
+    python -m benchmarks.scaling jax-linear --shape 4096x32000 --hidden 1024 --no-run
 
 JAX (run in a subprocess of its own: ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` is set
 before jax is imported): ``jit(value_and_grad(...))`` of a ``shard_map`` over a data x vocab mesh,
@@ -162,6 +163,88 @@ def _torch_worker(rank, world, port, shape, steps):
     dist.destroy_process_group()
 
 
+def _jax_linear(shape, size, steps, run):
+    """The fused linear losses with the head weight (H, V) split over V on a 1-D mesh of the 8
+    host devices, hidden replicated, float32, reduction 'sum': ``axis_name="vocab"`` inside
+    ``shard_map``, plain ``jit`` over a weight sharded by ``NamedSharding``, and two gather
+    alternatives (the weight all-gathered, then the unsharded fused loss; the logits formed per
+    slice and all-gathered, then ``softmax_cross_entropy``). Collectives inside the loop over row
+    blocks (metadata ``while/body``) run once per block: their bytes are counted that many times."""
+    from functools import partial
+
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from dualloss import jax_impl
+
+    n, v = shape
+    rows = 256
+    blocks = -(-n // rows)
+    mesh = Mesh(np.array(jax.devices()), ("vocab",))
+    rng = np.random.default_rng(0)
+    h = jnp.asarray(rng.standard_normal((n, size), dtype=np.float32))
+    w = jnp.asarray(rng.standard_normal((size, v), dtype=np.float32) / np.sqrt(size))
+    y = jnp.asarray(rng.integers(0, v, n))
+    fused = jax_impl.linear_softmax_cross_entropy
+    specs = (P(), P(None, "vocab"), P())
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=specs, out_specs=P())
+    def ours(h, w, y):
+        return fused(h, w, y, reduction="sum", chunk_size=rows, axis_name="vocab")
+
+    def plain(h, w, y):
+        return fused(h, w, y, reduction="sum", chunk_size=rows)
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=specs, out_specs=P())
+    def gather_weight(h, w, y):
+        w = jax.lax.all_gather(w, "vocab", axis=1, tiled=True)
+        # every device computed the whole loss: counted once (one scalar all-reduce)
+        return jax.lax.psum(fused(h, w, y, reduction="sum", chunk_size=rows), "vocab") / 8
+
+    @partial(jax.shard_map, mesh=mesh, in_specs=specs, out_specs=P())
+    def gather_logits(h, w, y):
+        logits = jax.lax.all_gather(h @ w, "vocab", axis=1, tiled=True)
+        value = jax_impl.softmax_cross_entropy(logits, y, reduction="sum")
+        return jax.lax.psum(value, "vocab") / 8
+
+    sharded_w = jax.device_put(w, NamedSharding(mesh, P(None, "vocab")))
+    print(f"JAX {jax.__version__}, {len(jax.devices())} host devices (1-D vocab mesh), "
+          f"N={n}, H={size}, V={v}, float32, reduction='sum', row blocks of {rows}, "
+          f"{os.cpu_count()} CPUs")  # fmt: skip
+    print("| program | all-reduced bytes per device | all-gather / reduce-scatter bytes per "
+          "device | temp per device | wall |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for label, fn in (
+        ('`linear_softmax_cross_entropy(axis_name="vocab")` in `shard_map`', ours),
+        ("`jit`, the weight sharded over V by `NamedSharding`", plain),
+        ("`all_gather` of the weight, then the unsharded fused loss", gather_weight),
+        ("logits per slice, `all_gather` of the logits, then `softmax_cross_entropy`",
+         gather_logits),
+    ):  # fmt: skip
+        compiled = jax.jit(jax.value_and_grad(fn, argnums=(0, 1))).lower(h, sharded_w, y)
+        compiled = compiled.compile()
+        moved = {"all-reduce": 0, "other": 0}
+        for line in compiled.as_text().splitlines():
+            ops = collectives(line)
+            times = blocks if "while/body" in line else 1
+            for op, (_, size_bytes) in ops.items():
+                moved["all-reduce" if op == "all-reduce" else "other"] += size_bytes * times
+        memory = compiled.memory_analysis()
+        temp = memory.temp_size_in_bytes / 2**20 if memory is not None else float("nan")
+        wall = "not run"
+        if run:
+            jax.block_until_ready(compiled(h, sharded_w, y))
+            start = time.perf_counter()
+            for _ in range(steps):
+                jax.block_until_ready(compiled(h, sharded_w, y))
+            wall = f"{(time.perf_counter() - start) / steps:.2f} s"
+        reduced, other = (f"{moved[k]:,}".replace(",", " ") for k in ("all-reduce", "other"))
+        print(f"| {label} | {reduced} | {other} | {temp:.0f} MiB | {wall} |", flush=True)
+
+
 def _free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -175,20 +258,24 @@ def _shape(text):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.scaling", description=__doc__)
-    parser.add_argument("framework", choices=["jax", "torch"])
+    parser.add_argument("framework", choices=["jax", "jax-linear", "torch"])
     parser.add_argument("--shape", type=_shape, default=(8192, 32000), help="NxC")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--world", type=int, default=4, help="torch: gloo processes")
+    parser.add_argument("--hidden", type=int, default=1024, help="jax-linear: H")
     parser.add_argument("--no-run", action="store_true", help="JAX: compile and read only")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.framework == "jax":
+    if args.framework in ("jax", "jax-linear"):
         if not args.child:
             env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
             env["JAX_PLATFORMS"] = "cpu"
             command = [sys.executable, "-m", "benchmarks.scaling", *(argv or sys.argv[1:])]
             return subprocess.run([*command, "--child"], env=env).returncode
-        _jax(args.shape, args.steps, not args.no_run)
+        if args.framework == "jax-linear":
+            _jax_linear(args.shape, args.hidden, args.steps, not args.no_run)
+        else:
+            _jax(args.shape, args.steps, not args.no_run)
         return 0
     import torch.multiprocessing as mp
 

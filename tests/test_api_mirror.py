@@ -25,6 +25,11 @@ BACKEND_KEYWORDS = {
     ("torch_impl", "softmax_focal_loss"): ["process_group"],
     ("jax_impl", "softmax_cross_entropy"): ["axis_name"],
     ("jax_impl", "softmax_focal_loss"): ["axis_name"],
+    # the fused linear losses with the head weight split over the classes (issue 29)
+    ("torch_impl", "linear_softmax_cross_entropy"): ["process_group"],
+    ("torch_impl", "linear_softmax_focal_loss"): ["process_group"],
+    ("jax_impl", "linear_softmax_cross_entropy"): ["axis_name"],
+    ("jax_impl", "linear_softmax_focal_loss"): ["axis_name"],
 }
 
 
@@ -134,6 +139,9 @@ BACKEND_EXTRAS = {
         # the LLM head options (DESIGN 13): the capped terms plus the z-term (one closed form,
         # the spec's in ``_softmax_focal_terms``), refused over a mesh axis
         "_softmax_head_terms", "_sharded_refuses", "_capped", "_capped_jvp",
+        # the fused linear losses over a mesh axis: what they refuse (as torch_impl's), and their
+        # custom_vjp cotangents summed over the mesh axes an input is replicated along
+        "_linear_parallel_refuses", "_varying_axes", "_sum_to_type_of",
     },
     "torch_impl": {
         # dtypes, index validation and functorch
@@ -186,6 +194,8 @@ BACKEND_EXTRAS = {
         # the softmax losses' option path: the cap and the z-term as closed-form Functions around
         # the plain loss's own paths
         "_SoftCap", "_ZTerm", "_softmax_head",
+        # the fused linear losses over a process group: what they refuse (as jax_impl's)
+        "_linear_parallel_refuses",
     },
 }  # fmt: skip
 # what the spec has that a backend does not: the judge's per-element intermediates, and the

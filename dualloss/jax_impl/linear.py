@@ -2,13 +2,15 @@
 ``linear_softmax_focal_loss`` (``linear_weight`` (H, V) as flax's Dense kernel).
 
 A scan over blocks of rows with ``jax.custom_vjp``, never holding the (N, V) logits or their
-gradient (docs/linear.md). May import ``_inputs``, ``_autodiff`` and ``softmax``; never
+gradient (docs/linear.md); with ``axis_name=`` the weight's classes split over a mesh axis
+(docs/scaling.md). May import ``_inputs``, ``_autodiff``, ``parallel`` and ``softmax``; never
 ``sigmoid`` or ``dualloss.optax``.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Hashable
 
 import jax
 import jax.numpy as jnp
@@ -24,10 +26,26 @@ from ._inputs import (
     _normalizer,
     _not_torch,
 )
+from .parallel import _class_shard, _sum_to_type_of
 from .softmax import _at, _log1m, _softmax_focal_terms, _softmax_head_terms
 
 
-def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing):
+def _linear_parallel_refuses(label_smoothing, z_loss, softcap):
+    """What the class-sharded fused loss does not take (each would need more than three numbers
+    per row, or the dense block path): one sentence each."""
+    for name, value, neutral in (
+        ("label_smoothing", label_smoothing, 0.0),
+        ("z_loss", z_loss, 0.0),
+        ("softcap", softcap, None),
+    ):
+        if value != neutral:
+            raise ValueError(
+                f"`{name}` is not supported with `axis_name` (yet): pass {neutral}. "
+                f"Received: {name}={value!r}."
+            )
+
+
+def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, axis_name=None):
     """Loss of each row of the block's logits `z` (rows, V) and its gradient w.r.t. `z`.
 
     The identities of torch_impl's ``_linear_block`` (see it): e = exp(z - z_top), S_y the sum
@@ -35,16 +53,34 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing):
     log(1 - p_y) = log r - log1p(r) (r <= 1) or log1p(-p_y), phi = -log1p(r) / r; the gradient
     p_j v_y off y and -(1 - p_y) v_y at y. Label smoothing (gamma = 0): a = (1 - eps) a_y
     onehot(y) + eps w / V, loss = sum_c a_c (log S - (z_c - z_top)), gradient p sum(a) - a.
+
+    With `axis_name` (inside ``shard_map``) `z` holds this device's contiguous slice of the
+    classes along that mesh axis (y stays the global index); the row's numbers are reduced over
+    the slices, three per row, as torch_impl's: z_top (pmax), then z_y - z_top from the slice
+    that holds y (0 elsewhere) and S_y (psum). The closed forms above are functions of those:
+    the loss is the same on every device, the gradient's slice local. No label smoothing here
+    (``_linear_parallel_refuses``).
     """
     num_classes = z.shape[-1]
-    is_y = jnp.arange(num_classes) == y[:, None]
+    offset = 0 if axis_name is None else jax.lax.axis_index(axis_name) * num_classes
+    is_y = offset + jnp.arange(num_classes) == y[:, None]
     # shift so that the largest logit is 0: exp cannot overflow; a NaN or +inf logit gives NaN
     z_top = jnp.max(z, axis=-1, keepdims=True)
+    if axis_name is not None:
+        # the row's largest logit over every slice: exp(z - z_top) cannot overflow
+        z_top = jax.lax.pmax(z_top, axis_name)
     shifted = z - z_top
-    shifted_y = _at(shifted, y)[:, None]
+    if axis_name is None:
+        shifted_y = _at(shifted, y)[:, None]
+    else:
+        shifted_y = jnp.sum(jnp.where(is_y, shifted, 0.0), axis=-1, keepdims=True)
     e = jnp.where(is_y, 0.0, jnp.exp(shifted))
-    e_y = jnp.exp(shifted_y)
     others = jnp.sum(e, axis=-1, keepdims=True)
+    if axis_name is not None:
+        # z_y - z_top from the slice that holds y (the others add 0) and S_y, the sum of the
+        # other classes' exponentials over every slice (one psum of two numbers per row)
+        shifted_y, others = jax.lax.psum((shifted_y, others), axis_name)
+    e_y = jnp.exp(shifted_y)
     total = others + e_y
     log_total = jnp.log(total)
     a_y = a_y[:, None]
@@ -128,10 +164,14 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     losses' dense path (``_softmax_focal_terms``), and so do the LLM head options (z_loss,
     softcap: ``_softmax_head_terms``, DESIGN 13), applied to each block's logits, never to an
     (N, V) array. The rows are padded to a whole number of
-    blocks with ignored rows (a_y = kept = 0). Returns (loss, dh, dw, db), the gradients None
-    without `grad_loss`, db None without `b`.
+    blocks with ignored rows (a_y = kept = 0). With `axis_name` (static, inside ``shard_map``)
+    `w` and `b` are this device's slice of the classes: each block's row numbers are reduced
+    over the slices (``_linear_block``), dw and db stay local, and dh = G w^T is this slice's
+    part of the hidden gradient, added over the slices with one psum of the (N, H) dh after the
+    scan (Megatron's column-parallel linear does the same in its backward). Returns (loss, dh,
+    dw, db), the gradients None without `grad_loss`, db None without `b`.
     """
-    gamma, label_smoothing, rows, _, z_loss, softcap = static
+    gamma, label_smoothing, rows, _, z_loss, softcap, axis_name = static
     head = z_loss != 0.0 or softcap is not None
     dtype = _compute_dtype(h.dtype)
     num_rows, size = h.shape
@@ -180,7 +220,7 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
             loss = loss + 0.0 * a_block
         else:
             loss, grad = _linear_block(
-                z, y_block, a_block, kept_block, weights, gamma, label_smoothing
+                z, y_block, a_block, kept_block, weights, gamma, label_smoothing, axis_name
             )
         if not with_grad:
             return carry, (loss, None)
@@ -190,22 +230,34 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
         dw = dw + sum(_dot(h_block.T, part, dtype) for part in parts)
         db = None if db is None else db + jnp.sum(grad, axis=0)
         dh = sum(_dot(part, w.T, dtype) for part in parts)
-        return (dw, db), (loss, dh.astype(h.dtype))
+        # over a mesh axis the slices' parts are summed first, in the compute dtype
+        return (dw, db), (loss, dh.astype(h.dtype if axis_name is None else dtype))
 
     init = None
     if with_grad:
-        init = (jnp.zeros((size, num_classes), dtype), None if b is None else jnp.zeros_like(b))
+        # under shard_map the accumulators vary along every mesh axis their updates do (w's
+        # classes, h's and the targets' rows): the sum of an empty slice of each is an exact 0
+        # of that type (outside shard_map, a plain 0)
+        zero = sum(jnp.sum(x.reshape(-1)[:0]).astype(dtype) for x in (h, w, y, a_y, kept, scale))
+        init = (
+            jnp.zeros_like(w, dtype=dtype) + zero,
+            None if b is None else jnp.zeros_like(b) + zero,
+        )
     carry, (loss, dh) = jax.lax.scan(step, init, xs)
     loss = loss.reshape(-1)[:num_rows]
     if not with_grad:
         return loss, None, None, None
     dw, db = carry
+    if axis_name is not None:
+        # dh = sum over the slices of G_r w_r^T: one psum of (N, H) per call
+        dh = jax.lax.psum(dh, axis_name).astype(h.dtype)
     return loss, dh.reshape(-1, size)[:num_rows], dw, db
 
 
 def _nan_like(x):
-    """The cotangent of an input the fused loss does not differentiate: NaN, never a silent 0."""
-    return None if x is None else jnp.full(jnp.shape(x), jnp.nan, jnp.result_type(x))
+    """The cotangent of an input the fused loss does not differentiate: NaN, never a silent 0
+    (of x's type: under ``shard_map`` it varies along the mesh axes x does)."""
+    return None if x is None else jnp.full_like(x, jnp.nan)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
@@ -219,18 +271,21 @@ def _linear_sum(h, w, b, y, a_y, kept, class_weight, row_scale, static):
 def _linear_sum_fwd(h, w, b, y, a_y, kept, class_weight, row_scale, static):
     grad_loss = jnp.broadcast_to(row_scale, y.shape)
     loss, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static)
-    residuals = (dh, dw, db, y, a_y, kept, class_weight, row_scale)
+    # empty slices of the inputs: their types (under shard_map, the axes they vary along)
+    types = tuple(None if x is None else x.reshape(-1)[:0] for x in (h, w, b))
+    residuals = (dh, dw, db, y, a_y, kept, class_weight, row_scale, types)
     return jnp.sum(loss * row_scale), residuals
 
 
 def _linear_sum_bwd(static, residuals, g):
-    dh, dw, db, y, a_y, kept, class_weight, row_scale = residuals
-    # scaled in the compute dtype, then rounded once to the inputs' dtypes
+    dh, dw, db, y, a_y, kept, class_weight, row_scale, (h, w, b) = residuals
+    # scaled in the compute dtype, then rounded once to the inputs' dtypes; summed over the mesh
+    # axes an input is replicated along (the weight over a data axis; nothing outside shard_map)
     w_dtype, b_dtype = static[3]
-    db = None if db is None else (g * db).astype(b_dtype)
+    db = None if db is None else _sum_to_type_of(g * db, b).astype(b_dtype)
     return (
-        (g * dh).astype(dh.dtype),
-        (g * dw).astype(w_dtype),
+        _sum_to_type_of(g * dh, h).astype(dh.dtype),
+        _sum_to_type_of(g * dw, w).astype(w_dtype),
         db,
         None,
         _nan_like(a_y),
@@ -258,8 +313,10 @@ def _linear_rows_fwd(h, w, b, y, a_y, kept, class_weight, static):
 def _linear_rows_bwd(static, residuals, g):
     h, w, b, y, a_y, kept, class_weight = residuals
     _, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, g, static)
-    dw = dw.astype(w.dtype)
-    db = None if db is None else db.astype(b.dtype)
+    # summed over the mesh axes an input is replicated along (nothing outside shard_map)
+    dh = _sum_to_type_of(dh, h)
+    dw = _sum_to_type_of(dw, w).astype(w.dtype)
+    db = None if db is None else _sum_to_type_of(db, b).astype(b.dtype)
     return dh, dw, db, None, _nan_like(a_y), None, _nan_like(class_weight)
 
 
@@ -281,9 +338,12 @@ def _linear_softmax(
     z_loss,
     softcap,
     chunk_size,
+    axis_name=None,
 ):
     """Validates the fused loss's arguments and applies the row-block scan to the rows of
-    `hidden` (``spec._linear_softmax``, without its (N, V) logits)."""
+    `hidden` (``spec._linear_softmax``, without its (N, V) logits); with `axis_name`,
+    `linear_weight` and `bias` are this device's slice of the classes along that mesh axis
+    (``_class_shard``) and the class vector and targets are global."""
     _not_torch(hidden=hidden, linear_weight=linear_weight, targets=targets, bias=bias)
     _not_torch(weight=class_weight_arg, gamma=gamma, label_smoothing=label_smoothing)
     reduction, normalizer = _normalizer(reduction, normalizer)
@@ -300,9 +360,14 @@ def _linear_softmax(
     if bias is not None:
         bias = _as_array(bias)
     bias_shape = None if bias is None else bias.shape
-    size, num_classes = _checks.linear_shapes(
+    size, num_local = _checks.linear_shapes(
         hidden.shape, linear_weight.shape, bias_shape, targets.shape, 1
     )
+    num_classes = num_local
+    if axis_name is not None:
+        _linear_parallel_refuses(label_smoothing, z_loss, softcap)
+        # V over every slice of the mesh axis (an unbound name raises here)
+        _, num_classes = _class_shard(axis_name, num_local)
     chunk_size = _checks.chunk_size(chunk_size)
     ignore_index = _checks.ignore_index(ignore_index)
     # static here (they select the block's code path): Python numbers
@@ -343,10 +408,10 @@ def _linear_softmax(
         dense = is_focal and gamma != 0.0 and label_smoothing != 0.0
         dense = dense or z_loss != 0.0 or softcap is not None
         budget = (1 << 19) if dense else _block_budget()
-        chunk_size = _checks.default_chunk_size(h.shape[0], num_classes, budget)
+        chunk_size = _checks.default_chunk_size(h.shape[0], num_local, budget)
     rows = min(chunk_size, max(h.shape[0], 1))
     dtypes = (linear_weight.dtype, None if bias is None else bias.dtype)
-    static = (gamma, label_smoothing, rows, dtypes, z_loss, softcap)
+    static = (gamma, label_smoothing, rows, dtypes, z_loss, softcap, axis_name)
     if reduction == "none":
         loss = _linear_rows(h, linear_weight, bias, y_safe, a_y, kept, class_weight, static)
         return loss.reshape(targets.shape).astype(hidden.dtype)
@@ -385,6 +450,7 @@ def linear_softmax_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    axis_name: Hashable | None = None,
 ) -> jax.Array:
     """Softmax cross entropy of hidden @ linear_weight + bias without the (N, V) logits
     (``spec.linear_softmax_cross_entropy``); `linear_weight` (H, V) as the spec.
@@ -396,6 +462,17 @@ def linear_softmax_cross_entropy(
     silent 0). `label_smoothing` (and the focal `gamma`) are Python numbers here, not traced.
     Under ``jit`` an index outside [0, V) gives NaN. `z_loss`, `softcap` (DESIGN 13, Python
     numbers): applied to each block's logits (the dense block path, 512K-entry blocks).
+
+    `axis_name` (inside ``jax.shard_map``, DESIGN 12, docs/scaling.md): the mesh axis the
+    classes are split over; `linear_weight` (H, V_r) and `bias` (V_r,) are this device's slice
+    (shard_map's even slices, in axis order), `hidden`, `targets` (GLOBAL class indices),
+    `weight` (the global length-V vector) and `normalizer` the same on every device of the
+    axis. Each block crosses the axis with three numbers per row (pmax of the largest logit,
+    psum of the target's shifted logit and of the other classes' sum of exponentials); the
+    loss is the same on every device, the gradients of `linear_weight` and `bias` the local
+    slice of the full ones, and the gradient of `hidden` the full one: one psum of the (N, H)
+    gradient per call (as Megatron's column-parallel linear in its backward).
+    `label_smoothing`, `z_loss` and `softcap` raise with `axis_name`.
     """
     return _linear_softmax(
         hidden,
@@ -412,6 +489,7 @@ def linear_softmax_cross_entropy(
         z_loss,
         softcap,
         chunk_size,
+        axis_name,
     )
 
 
@@ -430,10 +508,12 @@ def linear_softmax_focal_loss(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    axis_name: Hashable | None = None,
 ) -> jax.Array:
     """Softmax focal loss of hidden @ linear_weight + bias without the (N, V) logits
     (``spec.linear_softmax_focal_loss``); blocks, dtypes and gradients as
-    ``linear_softmax_cross_entropy`` (a vector `alpha` gets a NaN gradient)."""
+    ``linear_softmax_cross_entropy`` (a vector `alpha` gets a NaN gradient). `axis_name`: the
+    classes split over a mesh axis as ``linear_softmax_cross_entropy``'s (`alpha` global)."""
     return _linear_softmax(
         hidden,
         linear_weight,
@@ -449,4 +529,5 @@ def linear_softmax_focal_loss(
         z_loss,
         softcap,
         chunk_size,
+        axis_name,
     )

@@ -240,3 +240,22 @@ def _with_sharded_grad(terms, num_static):
 
     value.defjvp(rule, symbolic_zeros=True)
     return value
+
+
+def _varying_axes(x) -> frozenset:
+    """The mesh axes along which `x` varies inside ``shard_map`` (its type's varying manual axes;
+    none outside ``shard_map``)."""
+    aval = jax.typeof(x)
+    manual = getattr(aval, "manual_axis_type", None)
+    if manual is not None:
+        return frozenset(manual.varying)
+    return frozenset(getattr(aval, "vma", ()))
+
+
+def _sum_to_type_of(cotangent, primal):
+    """`cotangent` summed (one psum) over the mesh axes it varies along and `primal` does not, for
+    ``custom_vjp`` rules inside ``shard_map``: an input replicated over an axis (the weight over
+    the data axis, the hidden states over the vocabulary axis) gets the sum of its uses on every
+    device, as autodiff's transpose of the implicit broadcast gives; elsewhere unchanged."""
+    extra = _varying_axes(cotangent) - _varying_axes(primal)
+    return cotangent if not extra else jax.lax.psum(cotangent, tuple(extra))

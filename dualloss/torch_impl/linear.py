@@ -1,8 +1,9 @@
 """The fused linear + softmax losses of the torch backend: ``linear_softmax_cross_entropy`` and
 ``linear_softmax_focal_loss`` (``linear_weight`` (V, H) as ``nn.Linear``).
 
-Streams over blocks of rows, never holding the (N, V) logits or their gradient (docs/linear.md).
-May import ``_inputs``, ``_autodiff``, ``_kernels`` and ``softmax``; never ``sigmoid`` or
+Streams over blocks of rows, never holding the (N, V) logits or their gradient (docs/linear.md);
+with ``process_group=`` the weight's classes split over ranks (docs/scaling.md). May import
+``_inputs``, ``_autodiff``, ``_kernels``, ``parallel`` and ``softmax``; never ``sigmoid`` or
 ``dropins``.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import numbers
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from .. import _checks
@@ -25,10 +27,26 @@ from ._inputs import (
     _unit_interval,
     _values_are_concrete,
 )
+from .parallel import _class_slice, _process_group
 from .softmax import _softmax_loss_or_grad
 
 
-def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_loss):
+def _linear_parallel_refuses(label_smoothing, z_loss, softcap):
+    """What the class-sharded fused loss does not take (each would need more than three numbers
+    per row, or the dense block path): one sentence each, raised alike on every rank."""
+    for name, value, neutral in (
+        ("label_smoothing", label_smoothing, 0.0),
+        ("z_loss", z_loss, 0.0),
+        ("softcap", softcap, None),
+    ):
+        if value != neutral:
+            raise ValueError(
+                f"`{name}` is not supported with `process_group` (yet): pass {neutral}. "
+                f"Received: {name}={value!r}."
+            )
+
+
+def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_loss, shard=None):
     """Loss of each row of the block's logits `z` (rows, V) and, with `grad_loss`, the gradient
     w.r.t. `z` times grad_loss, written over `z` itself (the block's only (rows, V) tensor).
 
@@ -43,10 +61,25 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_lo
     -(1 - p_y) v_y at y (``_softmax_focal_terms_sparse``). Label smoothing (cross entropy only,
     gamma = 0): a = (1 - eps) a_y onehot(y) + eps w / V, loss = sum_c a_c (log S - (z_c - z_top)),
     gradient p sum(a) - a.
+
+    With `shard` = (start, group) the block holds this rank's contiguous slice of the classes,
+    whose first global class is `start` (y stays the global index); the row's numbers are put
+    together over `group` as ``softmax._VocabParallel`` does, three per row: z_top (all-reduce
+    MAX), then z_y - z_top from the rank that owns y (0 elsewhere) and S_y (all-reduce SUM).
+    Every closed form above is a function of those, so the loss is the same on every rank and
+    the gradient's slice is local (p_j v_y off y; -(1 - p_y) v_y on the rank that owns y).
+    Label smoothing is not taken here (``_linear_parallel_refuses``).
     """
     num_classes = z.shape[-1]
     # shift so that the largest logit is 0: exp cannot overflow; a NaN or +inf logit gives NaN
     z_top = torch.amax(z, dim=-1, keepdim=True)
+    if shard is not None:
+        start, group = shard
+        # the row's largest logit over every rank: exp(z - z_top) cannot overflow
+        dist.all_reduce(z_top, op=dist.ReduceOp.MAX, group=group)
+        local_y = y - start
+        owns = (local_y >= 0) & (local_y < num_classes)
+        y = torch.where(owns, local_y, 0)
     shifted = z.sub_(z_top)
     shifted_y = shifted.gather(-1, y)
     if label_smoothing != 0.0:
@@ -58,8 +91,20 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_lo
             spread = (shifted @ class_weight).unsqueeze(-1)
             weight_sum = class_weight.sum()
     e = shifted.exp_()
-    e_y = e.gather(-1, y)
-    others = e.scatter_(-1, y, 0.0).sum(dim=-1, keepdim=True)
+    if shard is None:
+        e_y = e.gather(-1, y)
+        others = e.scatter_(-1, y, 0.0).sum(dim=-1, keepdim=True)
+    else:
+        # column y left out of S_y on the rank that owns it (no 1 + S - 1 rounding); the others
+        # keep their column y (a class of theirs like any other)
+        e_kept = torch.where(owns, 0.0, e.gather(-1, y))
+        others = e.scatter_(-1, y, e_kept).sum(dim=-1, keepdim=True)
+        stats = torch.cat([torch.where(owns, shifted_y, 0.0), others], dim=-1)
+        # z_y - z_top from the rank that owns y (the others add 0) and S_y, the sum of the
+        # other classes' exponentials over every rank (a NaN logit anywhere makes S_y NaN)
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+        shifted_y, others = stats[:, :1], stats[:, 1:]
+        e_y = torch.exp(shifted_y)
     total = others + e_y
     log_total = torch.log(total)
     if label_smoothing != 0.0:
@@ -113,13 +158,16 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_lo
         at_y = at_y - uniform_y
     else:
         at_y = -(others / total) * grad_loss.unsqueeze(-1) * v
+    if shard is not None:
+        # column y is the target only on the rank that owns it; elsewhere it keeps p_j v_y
+        at_y = torch.where(owns, at_y, grad.gather(-1, y))
     grad = grad.scatter_(-1, y, at_y)
     return loss.squeeze(-1), grad
 
 
 def _linear_chunks(
     h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, head, rows, grad_loss,
-    kernel=False,
+    kernel=False, shard=None,
 ):  # fmt: skip
     """The per-row losses of logits = h w^T + b, one block of `rows` rows at a time, and (with
     `grad_loss`, per-row factors) the gradients of sum_i grad_loss_i l_i w.r.t. h, w and b.
@@ -134,8 +182,12 @@ def _linear_chunks(
     update). Ignored rows enter with hidden 0 (their loss and gradient are 0 whatever their
     features, NaN included). With `kernel` (``_linear_takes_triton``, decided once in forward,
     so a backward's recomputation takes the same path) each block's loss and gradient are one
-    Triton launch. Returns (loss, dh, dw, db); the gradients None without `grad_loss`, db None
-    without `b`.
+    Triton launch. With `shard` = (start, group), `w` and `b` are this rank's slice of the
+    classes (``_linear_block``'s row numbers cross ranks, three per row) and dh = G w is this
+    slice's part of the hidden gradient: the parts are added with one all-reduce SUM of the
+    (N, H) dh after the last block, in the compute dtype (Megatron's column-parallel linear
+    does the same in its backward); dw and db stay local. Returns (loss, dh, dw, db); the
+    gradients None without `grad_loss`, db None without `b`.
     """
     dtype = _compute_dtype(h.dtype)
     num_rows = h.shape[0]
@@ -144,7 +196,9 @@ def _linear_chunks(
     loss = torch.empty(num_rows, dtype=dtype, device=h.device)
     dh = dw = db = None
     if grad_loss is not None:
-        dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        # the slices' parts of dh are summed over ranks: each part kept in the compute dtype
+        dh_dtype = h.dtype if shard is None else dtype
+        dh = torch.empty(h.shape, dtype=dh_dtype, device=h.device)
         dw = torch.zeros(w.shape, dtype=dtype, device=h.device)
         db = None if b is None else torch.zeros(b.shape, dtype=dtype, device=h.device)
     z_loss, softcap = head
@@ -183,7 +237,7 @@ def _linear_chunks(
             a_y = torch.where(keep, ones if class_weight is None else class_weight[y_safe], 0.0)
             kept = keep.to(dtype)
             block_loss, grad = _linear_block(
-                z, y_safe, a_y, kept, class_weight, gamma, label_smoothing, block_grad
+                z, y_safe, a_y, kept, class_weight, gamma, label_smoothing, block_grad, shard
             )
         if kernel is None:
             loss[start : start + rows] = block_loss
@@ -193,6 +247,9 @@ def _linear_chunks(
         dw.addmm_(grad.T, h_block)
         if db is not None:
             db += grad.sum(dim=0)
+    if shard is not None and dh is not None:
+        # dh = sum over ranks of G_r W_r: each rank's classes' part, one all-reduce of (N, H)
+        dist.all_reduce(dh, op=dist.ReduceOp.SUM, group=shard[1])
     return loss, dh, dw, db
 
 
@@ -218,19 +275,22 @@ class _LinearSoftmax(torch.autograd.Function):
     of 1, and the backward scales it (a second backward, retain_graph, recomputes it from the saved
     inputs). Reduction 'none': the backward recomputes the blocks with the per-row output gradient.
     The backward itself is not differentiable (create_graph raises, never a silent None).
+    With `shard` (the class slice's start and process group, ``_linear_chunks``) every pass
+    issues its per-row collectives and, with a gradient, the one all-reduce of dh: on every
+    rank alike, as the loss's value and every rank's backward are.
     """
 
     @staticmethod
     def forward(ctx, h, w, b, y, class_weight, row_scale, options):
-        gamma, ignore_index, label_smoothing, head, rows, per_row = options
+        gamma, ignore_index, label_smoothing, head, rows, per_row, shard = options
         needs = any(ctx.needs_input_grad[:3])
         grad_loss = None
         if needs and not per_row:
             grad_loss = row_scale.expand(h.shape[0])
-        ctx.kernel = _linear_takes_triton(h, class_weight, label_smoothing, head)
+        ctx.kernel = shard is None and _linear_takes_triton(h, class_weight, label_smoothing, head)
         loss, dh, dw, db = _linear_chunks(
             h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, head, rows, grad_loss,
-            ctx.kernel,
+            ctx.kernel, shard,
         )  # fmt: skip
         ctx.save_for_backward(h, w, b, y, class_weight, row_scale)
         ctx.options = options
@@ -244,7 +304,7 @@ class _LinearSoftmax(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         h, w, b, y, class_weight, row_scale = ctx.saved_tensors
-        gamma, ignore_index, label_smoothing, head, rows, per_row = ctx.options
+        gamma, ignore_index, label_smoothing, head, rows, per_row, shard = ctx.options
         if ctx.precomputed is not None:
             dh, dw, db = ctx.precomputed
             ctx.precomputed = None
@@ -253,8 +313,9 @@ class _LinearSoftmax(torch.autograd.Function):
             grad_loss = grad_output if per_row else (row_scale * grad_output).expand(h.shape[0])
             _, dh, dw, db = _linear_chunks(
                 h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, head, rows,
-                grad_loss, ctx.kernel,
+                grad_loss, ctx.kernel, shard,
             )  # fmt: skip
+            dh = dh.to(h.dtype)
             scale = None
         if scale is not None:
             dh = (dh * scale).to(h.dtype)
@@ -280,9 +341,12 @@ def _linear_softmax(
     z_loss,
     softcap,
     chunk_size,
+    process_group=None,
 ):
     """Validates the fused loss's arguments and applies ``_LinearSoftmax`` to the rows of
-    `hidden` (``spec._linear_softmax``, without its (N, V) logits)."""
+    `hidden` (``spec._linear_softmax``, without its (N, V) logits); with `process_group`,
+    `linear_weight` and `bias` are this rank's slice of the classes (``_class_slice``: one
+    all-reduce of the slice sizes) and the class vector and targets are global."""
     reduction, normalizer = _normalizer(reduction, normalizer)
     hidden = _as_array("hidden", hidden)
     linear_weight = _as_array("linear_weight", linear_weight, hidden.device)
@@ -295,13 +359,23 @@ def _linear_softmax(
     if bias is not None:
         bias = _as_array("bias", bias, hidden.device)
     bias_shape = None if bias is None else bias.shape
-    size, num_classes = _checks.linear_shapes(
+    size, num_local = _checks.linear_shapes(
         hidden.shape, linear_weight.shape, bias_shape, targets.shape, 0
     )
     chunk_size = _checks.chunk_size(chunk_size)
     ignore_index = _checks.ignore_index(ignore_index)
     label_smoothing = _unit_interval("label_smoothing", label_smoothing)
     head = (_checks.z_loss(z_loss), _checks.softcap(softcap))
+    shard = None
+    num_classes = num_local
+    if process_group is not None:
+        process_group = _process_group(process_group)
+        _linear_parallel_refuses(label_smoothing, *head)
+        # where this rank's rows of the weight start among the classes, and V over every rank
+        start, num_classes = _class_slice(
+            num_local, process_group, hidden.device, name="linear_weight"
+        )
+        shard = (start, process_group)
     if is_focal:
         gamma = _gamma(gamma)
         name = "alpha"
@@ -362,8 +436,8 @@ def _linear_softmax(
         budget = (1 << 22) if label_smoothing == 0.0 and head == (0.0, None) else (1 << 19)
         # up to 1/16 of the logits (64 MiB blocks at most): at (4096, 256, 32000) 256 rows, 1.3x
         # faster than 128 rows on CPU, the block 0.0625x the logits
-        chunk_size = _checks.default_chunk_size(h.shape[0], num_classes, budget, fraction=16)
-    options = (gamma, ignore_index, label_smoothing, head, chunk_size, reduction == "none")
+        chunk_size = _checks.default_chunk_size(h.shape[0], num_local, budget, fraction=16)
+    options = (gamma, ignore_index, label_smoothing, head, chunk_size, reduction == "none", shard)
     loss = _LinearSoftmax.apply(h, linear_weight, bias, y, class_weight, row_scale, options)
     if reduction == "none":
         loss = loss.reshape(targets.shape)
@@ -384,6 +458,7 @@ def linear_softmax_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    process_group: dist.ProcessGroup | None = None,
 ) -> Tensor:
     """Softmax cross entropy of ``F.linear(hidden, linear_weight, bias)`` without the (N, V)
     logits (``spec.linear_softmax_cross_entropy``).
@@ -396,6 +471,18 @@ def linear_softmax_cross_entropy(
     and `bias`; a class `weight` that requires grad raises (no gradient is given for it). A
     mean over no kept row is 0. `z_loss`, `softcap` (DESIGN 13): applied to each block's
     logits (the dense block path, 512K-entry blocks; not the Triton kernel).
+
+    Vocab-parallel (DESIGN 12, docs/scaling.md): with `process_group`, `linear_weight` (V_r, H)
+    and `bias` (V_r,) are this rank's contiguous slice of the classes (slices in rank order,
+    sizes may differ, none empty); `hidden`, `targets` (GLOBAL class indices), `weight` (the
+    global length-V vector) and `normalizer` the same on every rank. Each block of rows forms
+    its local logits and crosses ranks with three numbers per row (all-reduce MAX of the
+    largest logit, all-reduce SUM of the target's shifted logit and the other classes' sum of
+    exponentials); no row is gathered. Every rank gets the same loss. Backward: the gradients
+    of `linear_weight` and `bias` are the rank's slice of the full ones, computed locally; the
+    gradient of `hidden` is sum_r G_r W_r, one all-reduce SUM of the (N, H) gradient per call
+    (as Megatron's column-parallel linear does in its backward), so every rank gets the full
+    one. `label_smoothing`, `z_loss` and `softcap` raise with `process_group`.
     """
     return _linear_softmax(
         hidden,
@@ -412,6 +499,7 @@ def linear_softmax_cross_entropy(
         z_loss,
         softcap,
         chunk_size,
+        process_group,
     )
 
 
@@ -430,10 +518,13 @@ def linear_softmax_focal_loss(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    process_group: dist.ProcessGroup | None = None,
 ) -> Tensor:
     """Softmax focal loss of ``F.linear(hidden, linear_weight, bias)`` without the (N, V) logits
     (``spec.linear_softmax_focal_loss``); layout, blocks and dtypes as
-    ``linear_softmax_cross_entropy``. A vector `alpha` that requires grad raises."""
+    ``linear_softmax_cross_entropy``. A vector `alpha` that requires grad raises.
+    `process_group`: the classes split over ranks as ``linear_softmax_cross_entropy``'s (the
+    focal terms are functions of the same three numbers per row; `alpha` the global vector)."""
     return _linear_softmax(
         hidden,
         linear_weight,
@@ -449,4 +540,5 @@ def linear_softmax_focal_loss(
         z_loss,
         softcap,
         chunk_size,
+        process_group,
     )

@@ -191,10 +191,10 @@ def _to_dtensor(loss, layout, reduction):
     )
 
 
-def _class_slice(num_local: int, group, device) -> tuple[int, int]:
+def _class_slice(num_local: int, group, device, name: str = "logits") -> tuple[int, int]:
     """(start, num_classes): the global index of this rank's first class and the classes of all
     ranks, the slices contiguous in rank order, none empty. Read on the host (one small
-    synchronisation on an accelerator)."""
+    synchronisation on an accelerator). `name`: the argument that holds the slice."""
     rank = dist.get_rank(group)
     sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
     sizes[rank] = num_local
@@ -204,7 +204,7 @@ def _class_slice(num_local: int, group, device) -> tuple[int, int]:
     if 0 in sizes:
         # raised on every rank alike (each has read the sizes): none waits on a collective
         raise ValueError(
-            "`logits` must hold at least one class on every rank of `process_group`. "
+            f"`{name}` must hold at least one class on every rank of `process_group`. "
             f"Received: class slices of sizes {sizes}."
         )
     return sum(sizes[:rank]), sum(sizes)
