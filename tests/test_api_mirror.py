@@ -137,8 +137,8 @@ BACKEND_EXTRAS = {
         "_sharded_top", "_sharded_log_softmax", "_sharded_sum_except_self",
         "_sharded_focal_terms", "_sharded_softmax",
         # the LLM head options (DESIGN 13): the capped terms plus the z-term (one closed form,
-        # the spec's in ``_softmax_focal_terms``), refused over a mesh axis
-        "_softmax_head_terms", "_sharded_refuses", "_capped", "_capped_jvp",
+        # the spec's in ``_softmax_focal_terms``); over a mesh axis, return_aux's reductions
+        "_softmax_head_terms", "_sharded_aux", "_capped", "_capped_jvp",
         # the fused linear losses over a mesh axis: what they refuse (as torch_impl's), and their
         # custom_vjp cotangents summed over the mesh axes an input is replicated along
         "_linear_parallel_refuses", "_varying_axes", "_sum_to_type_of",
@@ -187,10 +187,11 @@ BACKEND_EXTRAS = {
         # this rank's first class (parallel); the per-row-collective Function and its caller,
         # and the reductions shared with the single-device path (softmax)
         "_process_group", "_is_dtensor", "_from_dtensor", "_to_dtensor", "_class_slice",
-        "_VocabParallel", "_softmax_vocab_parallel", "_softmax_reduce",
-        # the LLM head options (DESIGN 13): the z-term (the spec's in ``_softmax_focal_terms``),
-        # refused over a process group
-        "_z_term", "_vocab_parallel_refuses",
+        "_batch_group", "_VocabParallel", "_softmax_vocab_parallel", "_softmax_sharded",
+        "_softmax_reduce",
+        # the LLM head options (DESIGN 13): the z-term (the spec's in ``_softmax_focal_terms``);
+        # over a process group, return_aux's statistics and the first top class over the ranks
+        "_z_term", "_vocab_parallel_aux", "_first_top",
         # the softmax losses' option path: the cap and the z-term as closed-form Functions around
         # the plain loss's own paths
         "_SoftCap", "_ZTerm", "_softmax_head",
