@@ -287,14 +287,14 @@ def _worker_cases(rank, world, results):
             local.grad.double().numpy(),
             list(calls),
         )
-    _worker_options(rank, world, results, start, sizes[rank])
+    _worker_options(rank, world, results, start, sizes[rank], calls)
     _worker_dtensor(rank, world, results)
     if world == 4:
         _worker_dtensor_2d(rank, results)
     _worker_errors(rank, world, results)
 
 
-def _worker_options(rank, world, results, start, size):
+def _worker_options(rank, world, results, start, size, calls):
     results["options"] = {}
     for case in OPTION_CASES:
         loss, dtype_name = case
@@ -312,7 +312,9 @@ def _worker_options(rank, world, results, start, size):
             # probabilities: this rank's slice, like the logits, with its gradient
             targets = targets[:, start : start + size].to(dtype).requires_grad_(True)
         group = {"process_group": dist.group.WORLD}
+        del calls[:]
         value = _call(name, local, targets, options, **group)
+        loss_calls = list(calls)
         _, aux = getattr(ti, name)(
             local.detach(), targets.detach(), **options, **group, return_aux=True
         )
@@ -322,6 +324,7 @@ def _worker_options(rank, world, results, start, size):
             local.grad.double().numpy(),
             {key: stat.double().numpy() for key, stat in aux.items()},
             target_grad,
+            (loss_calls, list(calls[len(loss_calls) :])),
         )
 
 
@@ -643,6 +646,39 @@ def test_head_options_smoothing_and_where_match_the_spec_and_unsharded_torch(wor
         eps = float(torch.finfo(dtype).eps)
         scale = np.max(np.abs(expected[np.isfinite(expected)]), initial=1.0)
         np.testing.assert_allclose(target_grad, expected, rtol=0, atol=16 * eps * scale)
+
+
+def _option_collectives(loss):
+    """The all-reduces docs/scaling.md says an option case issues, forward and backward, and
+    those return_aux adds: (op, numbers)."""
+    _, options = OPTION_LOSSES[loss]
+    probabilities = options.get("targets") == "probabilities"
+    expected = [("SUM", None)]  # the slice sizes (one per rank)
+    if options.get("where") == "mask" or options.get("where") == "rows":
+        # the classes left, and (class indices) whether the target is one, its weight off it
+        expected.append(("SUM", N if probabilities else 3 * N))
+    expected.append(("MAX", N))
+    if probabilities:
+        expected.append(("MIN", N))  # the first top class
+    # t and s; smoothing's logit sum of the mass; probabilities': the mass at the top and off it
+    columns = 2 + bool(options.get("label_smoothing") or probabilities) + 2 * probabilities
+    expected.append(("SUM", columns * N))
+    # return_aux: the largest raw logit and its first class (probabilities: the target mass's)
+    aux = [("MAX", N), ("MIN", N)] * (2 if probabilities else 1)
+    return expected, aux
+
+
+@pytest.mark.parametrize("case", OPTION_CASES, ids=["-".join(c) for c in OPTION_CASES])
+def test_options_issue_the_collectives_the_docs_list_and_no_gather(world, case):
+    size, ranks = world
+    loss, _ = case
+    expected, aux = _option_collectives(loss)
+    expected[0] = ("SUM", size)
+    for rank, results in ranks.items():
+        loss_calls, aux_calls = results["options"][case][4]
+        assert loss_calls == expected, (rank, case, loss_calls)
+        # the aux call repeats the loss's forward, then adds its own
+        assert aux_calls[len(expected) :] == aux, (rank, case, aux_calls)
 
 
 @pytest.mark.parametrize("case", OPTION_CASES, ids=["-".join(c) for c in OPTION_CASES])
