@@ -655,8 +655,10 @@ def _option_collectives(loss):
     probabilities = options.get("targets") == "probabilities"
     expected = [("SUM", None)]  # the slice sizes (one per rank)
     if options.get("where") == "mask" or options.get("where") == "rows":
-        # the classes left, and (class indices) whether the target is one, its weight off it
-        expected.append(("SUM", N if probabilities else 3 * N))
+        # the classes left, and (class indices) whether the target is one and (smoothing) their
+        # weight off it
+        columns = 1 if probabilities else 2 + bool(options.get("label_smoothing"))
+        expected.append(("SUM", columns * N))
     expected.append(("MAX", N))
     if probabilities:
         expected.append(("MIN", N))  # the first top class

@@ -929,14 +929,15 @@ def _softmax_vocab_parallel(
             owns = (local_y >= 0) & (local_y < num_local)
             local_y = torch.where(owns, local_y, 0)
             at_y = valid.gather(-1, local_y) & owns
-            weights = valid.to(dtype) if local_weight is None else valid * local_weight
-            off_y = weights.scatter(
-                -1, local_y, torch.where(owns, 0.0, weights.gather(-1, local_y))
-            )
-            columns += [at_y.to(dtype), off_y.sum(dim=-1, keepdim=True)]
+            columns.append(at_y.to(dtype))
+            if label_smoothing != 0.0:
+                # the smoothing's weight of the classes left, off the target
+                weights = valid.to(dtype) if local_weight is None else valid * local_weight
+                at = torch.where(owns, 0.0, weights.gather(-1, local_y))
+                columns.append(weights.scatter(-1, local_y, at).sum(dim=-1, keepdim=True))
         stats = torch.cat(columns, dim=-1)
         # per row, over every rank: the classes left inside `where`, whether the target is one
-        # of them (from the rank that owns it), and their weight off the target
+        # of them (from the rank that owns it), and (smoothing) their weight off the target
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
         num_valid = stats[..., :1]
         # a row with no class left, or its target outside `where`, is left out like an ignored one
@@ -946,8 +947,8 @@ def _softmax_vocab_parallel(
             rest_weight = stats[..., 2:]
         keep = left if keep is None else keep & left
         # classes outside `where` leave the softmax (-inf); rows left out: zeros (finite)
-        raw = torch.where(valid, raw, -math.inf)
-        raw = torch.where(keep.unsqueeze(-1), raw, 0.0)
+        kept = keep.unsqueeze(-1)
+        raw = torch.where(valid & kept, raw, torch.where(kept, -math.inf, 0.0).to(dtype))
     m = m_y = m_rest = None
     if is_index:
         y = (targets if keep is None else torch.where(keep, targets, 0)).unsqueeze(-1)
