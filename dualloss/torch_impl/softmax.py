@@ -638,8 +638,11 @@ class _VocabParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, z, y, a_y, keep, gamma, start, group, m, m_y, m_rest, z_loss):
         num_local = z.shape[-1]
-        local_top, local_first = z.max(dim=-1, keepdim=True)
-        z_top = local_top.clone()
+        if y is None:
+            local_top, local_first = z.max(dim=-1, keepdim=True)
+            z_top = local_top.clone()
+        else:
+            z_top = z.amax(dim=-1, keepdim=True)
         # the row's largest logit over every rank: exp(z - z_top) cannot overflow
         dist.all_reduce(z_top, op=dist.ReduceOp.MAX, group=group)
         if y is None:
