@@ -180,12 +180,10 @@ BACKEND_EXTRAS = {
         # and the reductions shared with the single-device path (softmax)
         "_process_group", "_is_dtensor", "_from_dtensor", "_to_dtensor", "_class_slice",
         "_VocabParallel", "_softmax_vocab_parallel", "_softmax_reduce",
-        # the LLM head options (DESIGN 13): the z-term (the spec's in ``_softmax_focal_terms``),
-        # refused over a process group
-        "_z_term", "_vocab_parallel_refuses",
-        # the softmax losses' option path: the cap and the z-term as closed-form Functions around
-        # the plain loss's own paths
-        "_SoftCap", "_ZTerm", "_softmax_head",
+        # the LLM head options (DESIGN 13), refused over a process group; in the fast path's own
+        # passes: the capped logits in one temporary, the cap's derivative as 1 / cosh^2, and
+        # logsumexp from the fast path's softmax
+        "_vocab_parallel_refuses", "_capped_logits", "_times_dcap", "_target_lse",
     },
 }  # fmt: skip
 # what the spec has that a backend does not: the judge's per-element intermediates, and the
