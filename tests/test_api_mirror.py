@@ -131,9 +131,9 @@ BACKEND_EXTRAS = {
         "_class_shard", "_sharded_softmax_inputs", "_with_sharded_grad",
         "_sharded_top", "_sharded_log_softmax", "_sharded_sum_except_self",
         "_sharded_focal_terms", "_sharded_softmax",
-        # the LLM head options (DESIGN 13): the capped terms plus the z-term (one closed form,
-        # the spec's in ``_softmax_focal_terms``), refused over a mesh axis
-        "_softmax_head_terms", "_sharded_refuses", "_capped", "_capped_jvp",
+        # the LLM head options (DESIGN 13): the capped terms (the z-term is the spec's, in
+        # ``_softmax_focal_terms``), refused over a mesh axis
+        "_softmax_head_terms", "_sharded_refuses",
     },
     "torch_impl": {
         # dtypes, index validation and functorch
