@@ -643,7 +643,7 @@ class _SoftmaxTriton(torch.autograd.Function):
     the eager path. The buffers are saved, not returned: autograd keeps no views of them."""
 
     @staticmethod
-    def forward(ctx, z, y, w, axis, gamma, ignore_index, reduction, weighted):
+    def forward(ctx, z, y, w, axis, gamma, ignore_index, reduction, weighted, z_loss, softcap):
         # float32/float64 keep the gradient from forward (backward scales it); half precision
         # recomputes it in backward rather than round it twice
         keeps_grad = ctx.needs_input_grad[0] and z.dtype in (torch.float32, torch.float64)
@@ -652,10 +652,11 @@ class _SoftmaxTriton(torch.autograd.Function):
         acc = torch.float64 if z.dtype == torch.float64 else torch.float32
         denominator = loss.new_empty((), dtype=acc) if reduction == "mean" else None
         _TRITON.softmax_index_fwd_(
-            z, y, w, axis, gamma, ignore_index, weighted, loss, denominator, grad
+            z, y, w, axis, gamma, ignore_index, weighted, loss, denominator, grad, z_loss, softcap
         )
         ctx.save_for_backward(z, y, w, denominator, grad)
         ctx.axis, ctx.gamma, ctx.ignore_index = axis, gamma, ignore_index
+        ctx.z_loss, ctx.softcap = z_loss, softcap
         ctx.grad_is_private = _saved_tensors_are_private()
         return loss
 
@@ -666,19 +667,21 @@ class _SoftmaxTriton(torch.autograd.Function):
         if torch.is_grad_enabled():
             scale = grad_loss if divisor is None else grad_loss / divisor
             grad = _softmax_loss_or_grad(
-                z, y, None, w, ctx.axis, ctx.gamma, ctx.ignore_index, 0.0, 0.0, None, scale
-            )
+                z, y, None, w, ctx.axis, ctx.gamma, ctx.ignore_index, 0.0, ctx.z_loss,
+                ctx.softcap, scale,
+            )  # fmt: skip
         elif grad is None:
             # half precision: recomputed with the incoming gradient, one rounding
             grad = _TRITON.softmax_index_bwd(
-                z, y, w, ctx.axis, ctx.gamma, ctx.ignore_index, grad_loss, divisor
-            )
+                z, y, w, ctx.axis, ctx.gamma, ctx.ignore_index, grad_loss, divisor, ctx.z_loss,
+                ctx.softcap,
+            )  # fmt: skip
         elif ctx.grad_is_private and _frees_saved_tensors():
             # the graph's last backward: the kernel's buffer scaled in place (no second N x C)
             _TRITON.scale_rows_(grad, ctx.axis, grad_loss, divisor)
         else:
             grad = _TRITON.scale_rows(grad, ctx.axis, grad_loss, divisor)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 def _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
@@ -693,16 +696,19 @@ def _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index
     )
 
 
-def _softmax_triton(logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction):
+def _softmax_triton(
+    logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction, z_loss, softcap
+):
     """The loss in the logits' dtype, reduced by the kernels: the mean divides by the kept
-    targets' class weights (`weighted`, torch's weighted mean) or their number."""
+    targets' class weights (`weighted`, torch's weighted mean) or their number; the LLM head
+    options (DESIGN 13) in the kernel's own passes."""
     global _TRITON
     if _TRITON is None:
         _TRITON = _kernels.softmax_ops()
     z = logits if logits.is_contiguous() else logits.contiguous()
     y = targets if targets.is_contiguous() else targets.contiguous()
     return _SoftmaxTriton.apply(
-        z, y, class_weight, axis, float(gamma), ignore_index, reduction, weighted
+        z, y, class_weight, axis, float(gamma), ignore_index, reduction, weighted, z_loss, softcap
     )
 
 
@@ -908,8 +914,6 @@ def _softmax(
             normalizer,
         )  # fmt: skip
         return loss, aux
-    # the LLM head options (DESIGN 13) take the closed-form eager path
-    head_options = z_loss != 0.0 or softcap is not None
     if is_focal:
         gamma = _gamma(gamma)
         weight, alpha = None, class_weight_arg
@@ -943,18 +947,15 @@ def _softmax(
     # with a normalizer the kernel sums and the division follows: one rounding of the quotient
     # needs the sum in at least the working precision, so half precision takes the eager path
     exact_sum = normalizer is None or logits.dtype in (torch.float32, torch.float64)
-    if (
-        exact_sum
-        and not head_options
-        and _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index)
-    ):
+    if exact_sum and _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
         # the kernel's op reduces: torch's weighted mean for the weighted cross entropy, the
         # kept elements otherwise (0 kept: a mean of 0)
         weighted = not is_focal and class_weight is not None
         kernel_reduction = "sum" if normalizer is not None else reduction
         loss = _softmax_triton(
-            logits, targets, class_weight, axis, gamma, ignore_index, weighted, kernel_reduction
-        )
+            logits, targets, class_weight, axis, gamma, ignore_index, weighted, kernel_reduction,
+            z_loss, softcap,
+        )  # fmt: skip
         if normalizer is not None:
             loss = _reduce(loss, reduction, normalizer).to(logits.dtype)
         return loss
