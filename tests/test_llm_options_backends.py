@@ -278,6 +278,53 @@ def test_the_kernel_takes_the_options_and_meets_the_strict_standard(loss, monkey
                 )  # fmt: skip
 
 
+@pytest.mark.parametrize("backend", ["torch", "torch-triton", "jax"])
+@pytest.mark.parametrize("loss", LOSSES)
+def test_special_logits_with_the_options_give_the_spec_pattern(loss, backend):
+    """-inf a masked class, +inf and NaN a NaN element, NaN and +inf logits on ignored rows 0 with
+    zero gradient, with the cap (whose tanh would make them finite) and the z-term, on the fused
+    paths (where the cap's masking and sech^2 come from the logits themselves)."""
+    import math
+
+    from dualloss import spec
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(6, 5)) * 5
+    x[1, 2] = -math.inf
+    x[2, 3] = math.inf
+    x[3, 0] = math.nan
+    x[4, 1] = math.inf
+    x[5, 4] = math.nan
+    t = np.array([0, 1, 2, -100, -100, 4])
+    for head in ({"z_loss": 0.1}, {"softcap": 3.0}, {"z_loss": 0.1, "softcap": 3.0}):
+        expected = getattr(spec, loss)(x, t, axis=1, reduction="none", **head)
+        expected_grad = getattr(spec, f"{loss}_grad")(x, t, axis=1, reduction="none", **head)
+        if backend == "jax":
+            jax = pytest.importorskip("jax")
+            from dualloss import jax_impl as ji
+
+            with jax.enable_x64(True):
+                value, pull = jax.vjp(
+                    lambda z: getattr(ji, loss)(z, t, reduction="none", **head), x
+                )
+                (grad,) = pull(np.ones_like(value))
+            value, grad = np.asarray(value), np.asarray(grad)
+        else:
+            if backend == "torch-triton":
+                pytest.importorskip("triton")
+            z = torch.tensor(x, requires_grad=True)
+            with ti.kernels("triton" if backend == "torch-triton" else "eager"):
+                out = getattr(ti, loss)(z, torch.tensor(t), reduction="none", **head)
+            out.sum().backward()
+            value, grad = out.detach().numpy(), z.grad.numpy()
+        context = f"{backend}.{loss}({head})"
+        np.testing.assert_array_equal(np.isnan(value), np.isnan(expected), err_msg=context)
+        np.testing.assert_array_equal(np.isnan(grad), np.isnan(expected_grad), err_msg=context)
+        np.testing.assert_allclose(value, expected, rtol=1e-12, atol=0.0, err_msg=context)
+        np.testing.assert_allclose(grad, expected_grad, rtol=1e-10, atol=1e-15, err_msg=context)
+        assert np.all(value[[3, 4]] == 0.0) and np.all(grad[[3, 4]] == 0.0), context
+
+
 @pytest.fixture
 def one_rank_group():
     """A gloo group of this process alone, destroyed afterwards (no other test sees it)."""

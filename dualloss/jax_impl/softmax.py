@@ -654,9 +654,10 @@ def softmax_cross_entropy(
     (docs/scaling.md): the logits (and probability targets, a class `where`) are this device's
     contiguous slice, class-index targets stay global, `weight` is the whole vector; the row
     sums are reduced with pmax/psum of per-row scalars, never a gathered row.
-    `z_loss` and `softcap` (DESIGN 13, Python numbers, see the spec) take the dense closed-form
-    path; with `axis_name` they raise. `return_aux=True` returns (loss, {'lse', 'z_term',
-    'correct'}) as the spec, in the logits' dtype (no gradient through them).
+    `z_loss` and `softcap` (DESIGN 13, Python numbers, see the spec) ride in the loss's own
+    closed-form terms (the class-index gather path included); with `axis_name` they raise.
+    `return_aux=True` returns (loss, {'lse', 'z_term', 'correct'}) as the spec, in the logits'
+    dtype (no gradient through them).
     """
     arguments = (logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where)
     if axis_name is not None:

@@ -1067,8 +1067,8 @@ def softmax_cross_entropy(
     same loss and its slice's gradient. A DTensor `logits` sharded on the class axis of a 1-D
     mesh works without `process_group`, as ``loss_parallel`` does (the loss a replicated
     DTensor). Class-index targets only; no `label_smoothing`, no `where` (use -inf logits), not
-    twice differentiable. `z_loss` and `softcap` (DESIGN 13, see the spec) take the eager
-    closed-form path (not the Triton kernel, not the class-index fast path); with
+    twice differentiable. `z_loss` and `softcap` (DESIGN 13, see the spec) ride in each path's
+    own passes (the Triton kernel, the class-index fast path, the dense closed form); with
     `process_group` they raise. `return_aux=True` returns (loss, {'lse', 'z_term',
     'correct'}) as the spec, in the logits' dtype (one more logsumexp pass, no gradient).
     """
