@@ -216,7 +216,7 @@ def _at(x, y):
     return jnp.take_along_axis(x, y[..., None], axis=-1, mode="clip")[..., 0]
 
 
-def _shifted_sums(z, y):
+def _shifted_sums(z, y, softcap=None):
     """For the class-index fast paths with targets y (class axis last): the shifted logits
     z - z_top, e_y = exp(z_y - z_top), s_y = sum_{j != y} exp(z_j - z_top) (the mass off the
     target), s = sum_{j != top} exp(z_j - z_top) = s_y + (e_y - 1), log1p(s) and 1 / (1 + s),
@@ -234,9 +234,19 @@ def _shifted_sums(z, y):
     recomputation, the same pass. The shift is a constant (stop_gradient: every result is
     invariant to it); s_y and e_y are sums of the exps of the logits, so their derivatives carry
     everything and the Hessians (forward mode over the closed-form gradient) are right.
+    With `softcap` all of it is of c = softcap tanh(z / softcap) (``_softcap``), shifted by the cap
+    of the largest logit (tanh increases: c's largest up to its rounding, and every result is
+    invariant to the shift) and c_y the cap of the gathered z_y: c is formed where the row sum
+    reads it and nowhere else, so XLA fuses it into that pass instead of writing it out.
     """
     # shift by the largest logit (a constant: the shift cancels in log p); a row of -inf gives NaN
     z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    z_y = _at(z, y)
+    if softcap is not None:
+        # soft-capping: c = softcap tanh(z / softcap), shifted by the cap of the largest logit
+        z_top = _softcap(z_top, softcap)[0]
+        z_y = _softcap(z_y, softcap)[0]
+        z = _softcap(z, softcap)[0]
     # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
     z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
     shifted = z - z_top
@@ -250,7 +260,7 @@ def _shifted_sums(z, y):
     e = jnp.exp(jnp.where(below, shifted + shift, shifted)) * jnp.where(below, 1.0, 2.0**power)
     e = jnp.where(is_y, 0.0, e)
     s_y = jnp.sum(e, axis=-1) * 2.0**-power
-    shifted_y = _at(shifted, y)
+    shifted_y = z_y - z_top[..., 0]
     e_y = jnp.exp(shifted_y)
     s = s_y + (e_y - 1.0)
     log1p_s = jnp.log1p(s)
@@ -275,9 +285,9 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma, z_loss=0.0, softcap=None):
     where s_y < the smallest normal gives log(1 - p_y) = -inf: every term it enters is then
     O(s^(1 + gamma)), below the dtype's smallest normal, as in torch_impl.
     """
-    # soft-capping: c = softcap tanh(z / softcap), dc/dz = sech^2(z / softcap)
-    z, dcap = _softcap(z, softcap)
-    z_top, shifted, is_y, e, shifted_y, e_y, s_y, s, log1p_s, inverse = _shifted_sums(z, y)
+    # soft-capping: the terms of c = softcap tanh(z / softcap), dc/dz = sech^2(z / softcap)
+    dcap = None if softcap is None else _softcap(z, softcap)[1]
+    z_top, shifted, is_y, e, shifted_y, e_y, s_y, s, log1p_s, inverse = _shifted_sums(z, y, softcap)
     log_p_y = shifted_y - log1p_s
     p_y = e_y * inverse
     # 1 - p_y, free of cancellation where p_y is close to 1
