@@ -110,8 +110,8 @@ MUTATIONS = (
     Mutation(
         "jax_impl/softmax.py",
         "softmax_cross_entropy", "log1p(s) computed as log(1 + s) (the fast path)",
-        "    log1p_s = jnp.log1p(s)\n    return shifted",
-        "    log1p_s = jnp.log(1.0 + s)\n    return shifted",
+        "    log1p_s = jnp.log1p(s)\n    return z_top, shifted",
+        "    log1p_s = jnp.log(1.0 + s)\n    return z_top, shifted",
     ),
     Mutation(
         "torch_impl/sigmoid.py",
@@ -129,10 +129,8 @@ MUTATIONS = (
     Mutation(
         "torch_impl/softmax.py",
         "softmax_cross_entropy", "1 - p_y at the top formed as 1 - p_y (fast path)",
-        "                grad = p.detach().mul_(scale).scatter_(-1, y, (r * scale).neg_())\n",
-        "                grad = p.detach().mul_(scale).scatter_(\n"
-        "                    -1, y, ((1.0 - p.gather(-1, y) * k) * scale).neg_()\n"
-        "                )\n",
+        "            at_y = -(r * scale)\n",
+        "            at_y = -((1.0 - p_y * k) * scale)\n",
     ),
     Mutation(
         "torch_impl/softmax.py",

@@ -136,8 +136,9 @@ BACKEND_EXTRAS = {
         "_class_shard", "_sharded_softmax_inputs", "_with_sharded_grad",
         "_sharded_top", "_sharded_log_softmax", "_sharded_sum_except_self",
         "_sharded_focal_terms", "_sharded_softmax",
-        # the LLM head options (DESIGN 13): the capped terms plus the z-term (one closed form,
-        # the spec's in ``_softmax_focal_terms``); over a mesh axis, return_aux's reductions
+        # the LLM head options (DESIGN 13): the capped terms (the z-term is the spec's, in
+        # ``_softmax_focal_terms``); over a mesh axis, each slice capped and return_aux's
+        # reductions
         "_softmax_head_terms", "_sharded_aux", "_capped", "_capped_jvp",
         # the fused linear losses over a mesh axis: what they refuse (as torch_impl's), and their
         # custom_vjp cotangents summed over the mesh axes an input is replicated along
@@ -189,12 +190,12 @@ BACKEND_EXTRAS = {
         "_process_group", "_is_dtensor", "_from_dtensor", "_to_dtensor", "_class_slice",
         "_batch_group", "_VocabParallel", "_softmax_vocab_parallel", "_softmax_sharded",
         "_softmax_reduce",
-        # the LLM head options (DESIGN 13): the z-term (the spec's in ``_softmax_focal_terms``);
-        # over a process group, return_aux's statistics and the first top class over the ranks
-        "_z_term", "_vocab_parallel_aux", "_first_top",
-        # the softmax losses' option path: the cap and the z-term as closed-form Functions around
-        # the plain loss's own paths
-        "_SoftCap", "_ZTerm", "_softmax_head",
+        # the LLM head options (DESIGN 13): over a process group, each slice capped (``_SoftCap``),
+        # return_aux's statistics and the first top class over the ranks; in the fast path's own
+        # passes: the capped logits in one temporary, the cap's derivative as 1 / cosh^2, and
+        # logsumexp from the fast path's softmax
+        "_SoftCap", "_vocab_parallel_aux", "_first_top",
+        "_capped_logits", "_times_dcap", "_target_lse",
         # the fused linear losses over a process group: what they refuse (as jax_impl's)
         "_linear_parallel_refuses",
     },

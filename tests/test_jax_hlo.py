@@ -89,6 +89,47 @@ def test_index_target_softmax_fusions_within_budget_of_optax(loss, extra):
     assert _fusions(text) <= budget, (_fusions(text), budget)
 
 
+def _wide_fusions(text: str, n=N, c=C) -> int:
+    """Fusions of the entry computation whose result is an N x C array: each one is a pass that
+    writes the logits' size to memory (the softmax terms, the gradient, a materialised c)."""
+    shape = re.compile(rf"= f32\[{n},{c}\]\S* fusion\(")
+    return sum(1 for line in _entry(text).splitlines() if shape.search(line))
+
+
+# the options add no N x C fusion: the z-term's lse is z_top + log1p(s), from the row sums the
+# loss forms anyway, and 2 z_loss lse p_j joins the gradient's own pass; the capped logits are
+# formed inside the row sum's pass only (the shift is the cap of the largest logit, c_y the cap
+# of the gathered logit), sech^2 inside the gradient's. Before issue 30's fusion: z_loss added 2
+# (a logsumexp and its softmax), the cap 1 (c written out for the max, the sums and the gather).
+HEAD_OPTIONS = [
+    ({"z_loss": 1e-4}, 0),
+    ({"softcap": 30.0}, 0),
+    ({"z_loss": 1e-4, "softcap": 30.0}, 0),
+]
+
+
+@pytest.mark.parametrize(("options", "extra"), HEAD_OPTIONS, ids=repr)
+@pytest.mark.parametrize(
+    "loss",
+    [jax_impl.softmax_cross_entropy, jax_impl.softmax_focal_loss],
+    ids=["softmax_cross_entropy", "softmax_focal_loss"],
+)
+def test_head_options_add_no_pass_over_the_logits(loss, options, extra):
+    """z_loss and softcap (DESIGN 13, issue 30) ride in the loss's own fusions: against the same
+    loss without them, no control flow, at most `extra` more N x C fusions and two more fusions
+    of any size (per-row numbers: lse, the cap of the row's largest and target logits)."""
+    z, y, _, _ = _inputs()
+    plain = _hlo(lambda z, y: loss(z, y), z, y)
+    text = _hlo(lambda z, y: loss(z, y, **options), z, y)
+    assert _control_flow(text) == {"conditional": 0, "while": 0, "host": 0}
+    assert _wide_fusions(plain) >= 2  # the counter sees the softmax terms and the gradient
+    assert _wide_fusions(text) <= _wide_fusions(plain) + extra, (
+        _wide_fusions(text),
+        _wide_fusions(plain),
+    )
+    assert _fusions(text) <= _fusions(plain) + 2, (_fusions(text), _fusions(plain))
+
+
 def _cases():
     """(id, fn(z, t), target kind) for every loss and option, small shapes."""
     sce, sfl = jax_impl.softmax_cross_entropy, jax_impl.softmax_focal_loss

@@ -179,15 +179,74 @@ def test_jax_head_options_match_spec(loss, head, kind, reduction, dtype):
 
 
 # ----------------------------------------------------------------------------------------------
-# Paths that decline the options (the Triton kernels: eager instead) or split the classes
+# Cost: the options in the loss's own passes (issue 30)
 # ----------------------------------------------------------------------------------------------
+
+# ops that only gather or write one entry per row (the target's), or views: not passes over N x C
+_NOT_A_PASS = {
+    "gather", "scatter", "scatter_", "index_put_", "permute", "detach", "view", "_unsafe_view",
+    "expand", "unsqueeze", "squeeze", "t", "transpose", "alias", "slice", "select", "as_strided",
+}  # fmt: skip
+
+
+def _passes_over_the_logits(fn, x, t, **options):
+    """The dispatched torch ops of a forward + backward that read or write a tensor of the
+    logits' size (each one is a pass over memory on the eager path), in order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    size = x.numel()
+
+    class Passes(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = str(func.overloadpacket).removeprefix("aten.")
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            touched = [*args, *(kwargs or {}).values(), *outs]
+            if name not in _NOT_A_PASS and any(
+                isinstance(a, torch.Tensor) and a.numel() == size for a in touched
+            ):
+                self.ops.append(name)
+            return out
+
+    x.grad = None
+    with Passes() as passes:
+        fn(x, t, **options).backward()
+    return passes.ops
+
+
+# what each option may add to the plain fast path's passes on the CPU (eager): the z-term one
+# read (the row's largest capped logit, for lse; 2 z_loss lse joins p's multiplication), the cap
+# four each way (forward: the quotient, tanh, the product, one read for infinite logits;
+# backward: the quotient, cosh, two divisions). The composition before issue 30 added 6 and 14.
+EAGER_EXTRA_PASSES = [
+    ({"z_loss": 1e-4}, 1),
+    ({"softcap": 30.0}, 8),
+    ({"z_loss": 1e-4, "softcap": 30.0}, 9),
+]
+
+
+@pytest.mark.parametrize(("head", "extra"), EAGER_EXTRA_PASSES, ids=repr)
+@pytest.mark.parametrize("loss", LOSSES)
+def test_options_add_only_their_own_passes_to_the_fast_path(loss, head, extra):
+    x = torch.randn(64, 100, requires_grad=True)
+    t = torch.randint(0, 100, (64,))
+    t[3] = -100
+    with ti.kernels("eager"):
+        plain = _passes_over_the_logits(getattr(ti, loss), x, t)
+        options = _passes_over_the_logits(getattr(ti, loss), x, t, **head)
+    # the counter sees the fast path's softmax, its row sum and backward's multiplication
+    assert plain == ["_softmax", "sum", "mul_"], plain
+    assert len(options) <= len(plain) + extra, (options, plain)
 
 
 @pytest.mark.parametrize("loss", LOSSES)
-def test_triton_selection_takes_the_eager_path_with_the_options(loss, monkeypatch):
-    """With kernels('triton') (the interpreter on this CPU) a call with z_loss or softcap runs the
-    eager closed form (the kernel has neither) and meets the strict standard; the same call
-    without them does reach the kernel, so the probe below can see a kernel call."""
+def test_the_kernel_takes_the_options_and_meets_the_strict_standard(loss, monkeypatch):
+    """With kernels('triton') (the interpreter on this CPU) a call with z_loss or softcap runs
+    the Triton kernel (the options in its own two passes) and meets the strict standard."""
     pytest.importorskip("triton")
     from dualloss.torch_impl import softmax as torch_softmax
 
@@ -200,21 +259,70 @@ def test_triton_selection_takes_the_eager_path_with_the_options(loss, monkeypatc
 
     monkeypatch.setattr(torch_softmax, "_softmax_triton", counted)
     logits, targets = _case("index", 4.0)
-    z = torch.tensor(logits, dtype=torch.float32)
-    t = torch.tensor(targets)
-    with ti.kernels("triton"):
-        getattr(ti, loss)(z, t, axis=1)
-        assert len(calls) == 1, "the plain call should take the kernel"
+    for dtype in (torch.float32, torch.bfloat16):
+        z = torch.tensor(logits, dtype=dtype)
+        t = torch.tensor(targets)
         for head in HEAD:
-            x = z.clone().requires_grad_(True)
-            value = getattr(ti, loss)(x, t, axis=1, **head)
-            value.backward()
-            assert len(calls) == 1, f"{head} reached the kernel"
-            assert_matches_spec(
-                loss, z.double().numpy(), targets, dict(head, axis=1), "float32",
-                value.detach().double().numpy(), x.grad.double().numpy(),
-                context=f"torch_impl.{loss}({head}) under kernels('triton')",
-            )  # fmt: skip
+            for reduction in ("mean", "none"):
+                x = z.clone().requires_grad_(True)
+                before = len(calls)
+                with ti.kernels("triton"):
+                    value = getattr(ti, loss)(x, t, axis=1, reduction=reduction, **head)
+                value.sum().backward()
+                assert len(calls) == before + 1, f"{head} did not reach the kernel"
+                assert_matches_spec(
+                    loss, z.double().numpy(), targets,
+                    dict(head, axis=1, reduction=reduction), str(dtype).removeprefix("torch."),
+                    value.detach().double().numpy(), x.grad.double().numpy(),
+                    context=f"torch_impl.{loss}({head}, {reduction}) under kernels('triton')",
+                )  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["torch", "torch-triton", "jax"])
+@pytest.mark.parametrize("loss", LOSSES)
+def test_special_logits_with_the_options_give_the_spec_pattern(loss, backend):
+    """-inf a masked class, +inf and NaN a NaN element, NaN and +inf logits on ignored rows 0 with
+    zero gradient, with the cap (whose tanh would make them finite) and the z-term, on the fused
+    paths (where the cap's masking and sech^2 come from the logits themselves)."""
+    import math
+
+    from dualloss import spec
+
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(6, 5)) * 5
+    x[1, 2] = -math.inf
+    x[2, 3] = math.inf
+    x[3, 0] = math.nan
+    x[4, 1] = math.inf
+    x[5, 4] = math.nan
+    t = np.array([0, 1, 2, -100, -100, 4])
+    for head in ({"z_loss": 0.1}, {"softcap": 3.0}, {"z_loss": 0.1, "softcap": 3.0}):
+        expected = getattr(spec, loss)(x, t, axis=1, reduction="none", **head)
+        expected_grad = getattr(spec, f"{loss}_grad")(x, t, axis=1, reduction="none", **head)
+        if backend == "jax":
+            jax = pytest.importorskip("jax")
+            from dualloss import jax_impl as ji
+
+            with jax.enable_x64(True):
+                value, pull = jax.vjp(
+                    lambda z: getattr(ji, loss)(z, t, reduction="none", **head), x
+                )
+                (grad,) = pull(np.ones_like(value))
+            value, grad = np.asarray(value), np.asarray(grad)
+        else:
+            if backend == "torch-triton":
+                pytest.importorskip("triton")
+            z = torch.tensor(x, requires_grad=True)
+            with ti.kernels("triton" if backend == "torch-triton" else "eager"):
+                out = getattr(ti, loss)(z, torch.tensor(t), reduction="none", **head)
+            out.sum().backward()
+            value, grad = out.detach().numpy(), z.grad.numpy()
+        context = f"{backend}.{loss}({head})"
+        np.testing.assert_array_equal(np.isnan(value), np.isnan(expected), err_msg=context)
+        np.testing.assert_array_equal(np.isnan(grad), np.isnan(expected_grad), err_msg=context)
+        np.testing.assert_allclose(value, expected, rtol=1e-12, atol=0.0, err_msg=context)
+        np.testing.assert_allclose(grad, expected_grad, rtol=1e-10, atol=1e-15, err_msg=context)
+        assert np.all(value[[3, 4]] == 0.0) and np.all(grad[[3, 4]] == 0.0), context
 
 
 @pytest.fixture

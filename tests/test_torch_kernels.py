@@ -100,6 +100,9 @@ class _Ops(TorchDispatchMode):
     [
         ("softmax_cross_entropy", {}, ("float32", "bfloat16")),
         ("softmax_focal_loss", {"gamma": 0.5}, ("float64", "float16")),
+        # the LLM head options (DESIGN 13) in the kernel's own passes
+        ("softmax_cross_entropy", {"z_loss": 1e-3, "softcap": 15.0}, ("float32",)),
+        ("softmax_focal_loss", {"gamma": 2.0, "z_loss": 0.5, "softcap": 0.5}, ("bfloat16",)),
     ],
 )
 def test_the_kernels_meet_the_strict_standard(name, options, dtypes, monkeypatch):
@@ -159,16 +162,21 @@ def test_the_kernels_agree_with_the_eager_path_and_torch(dtype, reduction):
 # ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("options", [{}, {"z_loss": 1e-4, "softcap": 30.0}], ids=repr)
 @pytest.mark.parametrize("name", list(SOFTMAX))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_three_launches_and_no_more_torch_ops_than_the_peer(name, dtype, reduction, monkeypatch):
+def test_three_launches_and_no_more_torch_ops_than_the_peer(
+    name, dtype, reduction, options, monkeypatch
+):
+    """Also with the LLM head options (issue 30): the cap and the z-term cost no launch and no
+    dispatched op of their own."""
     launches = _Launches(monkeypatch)
     x = torch.randn(64, 100, dtype=dtype, requires_grad=True)
     t = torch.randint(0, 100, (64,))
     t[3] = -100
     with torch_impl.set_validate_indices(False), torch_impl.kernels("triton"), _Ops() as ops:
-        SOFTMAX[name](x, t, reduction=reduction).backward()
+        SOFTMAX[name](x, t, reduction=reduction, **options).backward()
     # the row kernel, the reduction, and backward's scale (half precision: its recomputation)
     backward = "_scale_rows_kernel" if dtype == torch.float32 else "_softmax_index_kernel"
     assert launches.names == ["_softmax_index_kernel", "_reduce_kernel", backward]

@@ -144,6 +144,23 @@ def _softcap(z, softcap):
     return c, dcap
 
 
+@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
+def _capped(z, softcap):
+    """c = softcap tanh(z / softcap) as a function of its own, with the closed-form tangent
+    dc = sech^2(z / softcap) dz (``_softcap``; autodiff of tanh forms 1 - tanh^2, which loses
+    every digit of sech^2 where the logits are far beyond the cap). The class axis split over a
+    mesh axis caps each slice with it; the single-device paths fold the cap into their own
+    terms."""
+    return _softcap(z, softcap)[0]
+
+
+@_capped.defjvp
+def _capped_jvp(softcap, primals, tangents):
+    (z,), (dz,) = primals, tangents
+    c, dcap = _softcap(z, softcap)
+    return c, dcap * dz
+
+
 def _focal_phi(log_p, p, not_p, is_top, s, log1p_s):
     """phi(p) = p log p / (1 - p), in [-1, 0]: phi(0) = 0, phi -> -1 as p -> 1.
 
@@ -164,12 +181,13 @@ def _sum_except_self(v):
     return jnp.where(is_big, rest_of_big, total - v)
 
 
-def _softmax_focal_terms(z, a, gamma):
-    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c and its gradient (class axis last).
+def _softmax_focal_terms(z, a, gamma, z_loss=0.0):
+    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c + z_loss lse**2 and its gradient
+    (class axis last), lse = logsumexp(z) = z_top + log1p(s).
 
     With gamma = 0 this is the (weighted) softmax cross entropy -sum_c a_c log p_c.
     The gradient is p_j sum_{c != j} v_c - (1 - p_j) v_j, the same as p * sum(v) - v but free of
-    the cancellation p_j - 1 when p_j is close to 1.
+    the cancellation p_j - 1 when p_j is close to 1, plus the z-loss's 2 z_loss lse p_j.
     """
     log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
     if _is_static(gamma) and gamma == 0.0:
@@ -191,34 +209,20 @@ def _softmax_focal_terms(z, a, gamma):
         axis=-1,
     )
     grad = p * _sum_except_self(v) - not_p * v
+    if z_loss != 0.0:
+        # logsumexp(z) = z_top + log1p(s): the top's 1 apart, so a confident row keeps its digits
+        lse = jnp.max(z, axis=-1) + log1p_s[..., 0]
+        # z-loss: z_loss lse^2, d/dz_j = 2 z_loss lse p_j
+        loss = loss + z_loss * lse * lse
+        grad = grad + (2.0 * z_loss) * lse[..., None] * p
     return loss, grad
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(1,))
-def _capped(z, softcap):
-    """c = softcap tanh(z / softcap) as a function of its own, with the closed-form tangent
-    dc = sech^2(z / softcap) dz (``_softcap``; autodiff of tanh forms 1 - tanh^2, which loses
-    every digit of sech^2 where the logits are far beyond the cap)."""
-    return _softcap(z, softcap)[0]
-
-
-@_capped.defjvp
-def _capped_jvp(softcap, primals, tangents):
-    (z,), (dz,) = primals, tangents
-    c, dcap = _softcap(z, softcap)
-    return c, dcap * dz
-
-
 def _softmax_head_terms(z, a, gamma, z_loss, softcap):
-    """``_softmax_focal_terms`` of the capped logits c plus the z-loss z_loss lse(c)^2, with the
+    """``_softmax_focal_terms`` of the capped logits c (z_loss lse(c)^2 included), with the
     gradient w.r.t. the logits: (dl/dc + 2 z_loss lse p) dc/dz (DESIGN 13, see the spec)."""
     c, dcap = _softcap(z, softcap)
-    loss, grad = _softmax_focal_terms(c, a, gamma)
-    if z_loss != 0.0:
-        lse = jax.nn.logsumexp(c, axis=-1, keepdims=True)
-        loss = loss + z_loss * (lse * lse)[..., 0]
-        # d/dc_j lse^2 = 2 lse p_j, p_j = exp(c_j - lse)
-        grad = grad + (2.0 * z_loss) * lse * jnp.exp(c - lse)
+    loss, grad = _softmax_focal_terms(c, a, gamma, z_loss)
     if dcap is not None:
         # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
         grad = grad * dcap
@@ -230,7 +234,7 @@ def _at(x, y):
     return jnp.take_along_axis(x, y[..., None], axis=-1, mode="clip")[..., 0]
 
 
-def _shifted_sums(z, y):
+def _shifted_sums(z, y, softcap=None):
     """For the class-index fast paths with targets y (class axis last): the shifted logits
     z - z_top, e_y = exp(z_y - z_top), s_y = sum_{j != y} exp(z_j - z_top) (the mass off the
     target), s = sum_{j != top} exp(z_j - z_top) = s_y + (e_y - 1), log1p(s) and 1 / (1 + s),
@@ -248,9 +252,19 @@ def _shifted_sums(z, y):
     recomputation, the same pass. The shift is a constant (stop_gradient: every result is
     invariant to it); s_y and e_y are sums of the exps of the logits, so their derivatives carry
     everything and the Hessians (forward mode over the closed-form gradient) are right.
+    With `softcap` all of it is of c = softcap tanh(z / softcap) (``_softcap``), shifted by the cap
+    of the largest logit (tanh increases: c's largest up to its rounding, and every result is
+    invariant to the shift) and c_y the cap of the gathered z_y: c is formed where the row sum
+    reads it and nowhere else, so XLA fuses it into that pass instead of writing it out.
     """
     # shift by the largest logit (a constant: the shift cancels in log p); a row of -inf gives NaN
     z_top = jax.lax.stop_gradient(jnp.max(z, axis=-1, keepdims=True))
+    z_y = _at(z, y)
+    if softcap is not None:
+        # soft-capping: c = softcap tanh(z / softcap), shifted by the cap of the largest logit
+        z_top = _softcap(z_top, softcap)[0]
+        z_y = _softcap(z_y, softcap)[0]
+        z = _softcap(z, softcap)[0]
     # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
     z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
     shifted = z - z_top
@@ -264,19 +278,23 @@ def _shifted_sums(z, y):
     e = jnp.exp(jnp.where(below, shifted + shift, shifted)) * jnp.where(below, 1.0, 2.0**power)
     e = jnp.where(is_y, 0.0, e)
     s_y = jnp.sum(e, axis=-1) * 2.0**-power
-    shifted_y = _at(shifted, y)
+    shifted_y = z_y - z_top[..., 0]
     e_y = jnp.exp(shifted_y)
     s = s_y + (e_y - 1.0)
     log1p_s = jnp.log1p(s)
-    return shifted, is_y, e, shifted_y, e_y, s_y, s, log1p_s, 1.0 / (1.0 + s)
+    return z_top, shifted, is_y, e, shifted_y, e_y, s_y, s, log1p_s, 1.0 / (1.0 + s)
 
 
-def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
+def _softmax_focal_terms_at(z, y, a_y, keep, gamma, z_loss=0.0, softcap=None):
     """`_softmax_focal_terms` for one-hot targets a = a_y onehot(y), without forming them.
 
     The class sums collapse to class y: loss = -a_y (1 - p_y)^gamma log p_y; v is 0 except v_y,
     so the gradient is p_j v_y for j != y and -(1 - p_y) v_y at y; 0 where not `keep`, whatever
-    the logits. Only the row sums of ``_shifted_sums`` are N x C work, and the gradient's one
+    the logits. The LLM head options (DESIGN 13) in the same passes: with `softcap` everything is
+    of c = softcap tanh(z / softcap) (formed where the row sums read it, so XLA fuses it into
+    them) and the gradient is times dc/dz = sech^2(z / softcap) (formed where the gradient is
+    written); `z_loss` adds z_loss lse^2, lse = z_top + log1p(s), and 2 z_loss lse p_j to every
+    p_j's coefficient. Only the row sums of ``_shifted_sums`` are N x C work, and the gradient's one
     pass; everything about the target class is one value per row. 1 - p_y = s_y / (1 + s) for
     every row (s_y the mass off the target), and
       log(1 - p_y) = log s_y - log1p(s) where p_y > 1/2 (e_y > s_y: only the top, s < 1;
@@ -285,7 +303,9 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
     where s_y < the smallest normal gives log(1 - p_y) = -inf: every term it enters is then
     O(s^(1 + gamma)), below the dtype's smallest normal, as in torch_impl.
     """
-    shifted, is_y, e, shifted_y, e_y, s_y, s, log1p_s, inverse = _shifted_sums(z, y)
+    # soft-capping: the terms of c = softcap tanh(z / softcap), dc/dz = sech^2(z / softcap)
+    dcap = None if softcap is None else _softcap(z, softcap)[1]
+    z_top, shifted, is_y, e, shifted_y, e_y, s_y, s, log1p_s, inverse = _shifted_sums(z, y, softcap)
     log_p_y = shifted_y - log1p_s
     p_y = e_y * inverse
     # 1 - p_y, free of cancellation where p_y is close to 1
@@ -318,28 +338,38 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma):
     # p_j = e_j / (1 + s), read from the scaled terms of the sum (XLA:CPU writes them to memory
     # for its reduction anyway): no second exp over N x C; 2^-k (1 + s)^-1 stays normal
     p = e * (inverse * 2.0 ** -_unflush_power(z.dtype))[..., None]
-    grad = jnp.where(keep[..., None], v[..., None] * jnp.where(is_y, -not_p_y[..., None], p), 0.0)
+    grad = v[..., None] * jnp.where(is_y, -not_p_y[..., None], p)
+    if z_loss != 0.0:
+        # z-loss: z_loss lse^2 on the kept rows, lse = z_top + log1p(s); d/dz_j = 2 z_loss lse p_j
+        lse = z_top[..., 0] + log1p_s
+        loss = loss + jnp.where(keep, z_loss * lse * lse, 0.0)
+        grad = grad + ((2.0 * z_loss) * lse)[..., None] * jnp.where(is_y, p_y[..., None], p)
+    if dcap is not None:
+        # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+        grad = grad * dcap
+    grad = jnp.where(keep[..., None], grad, 0.0)
     return loss, grad
 
 
-def _softmax_cross_entropy_terms_at(z, y, a_y, keep):
+def _softmax_cross_entropy_terms_at(z, y, a_y, keep, z_loss, softcap):
     """`_softmax_focal_terms_at` at gamma = 0, the hot path: two passes, as optax (the focal
     factor, phi and log(1 - p) are never formed for gamma = 0)."""
-    return _softmax_focal_terms_at(z, y, a_y, keep, 0.0)
+    return _softmax_focal_terms_at(z, y, a_y, keep, 0.0, z_loss, softcap)
 
 
-_softmax_focal_loss = _with_closed_form_grad(_softmax_focal_terms, 1, class_sum=True)
+# z_loss and softcap (DESIGN 13) are static: Python numbers, the last arguments
+_softmax_focal_loss = _with_closed_form_grad(_softmax_head_terms, 3, class_sum=True)
 
 
 # a traced gamma is a differentiable argument (its tangent: autodiff of the forward formula)
-_softmax_focal_loss_traced = _with_closed_form_grad(_softmax_focal_terms, 0, class_sum=True)
+_softmax_focal_loss_traced = _with_closed_form_grad(_softmax_head_terms, 2, class_sum=True)
 
 
-_softmax_focal_loss_at = _with_closed_form_grad(_softmax_focal_terms_at, 1, class_sum=True)
+_softmax_focal_loss_at = _with_closed_form_grad(_softmax_focal_terms_at, 3, class_sum=True)
 
 
 _softmax_cross_entropy_at = _with_closed_form_grad(
-    _softmax_cross_entropy_terms_at, 0, class_sum=True
+    _softmax_cross_entropy_terms_at, 2, class_sum=True
 )
 
 
@@ -387,16 +417,7 @@ def _softmax(
         z = jnp.where(keep[..., None], z, 0.0)
     if return_aux:
         aux = _softmax_aux(z, t, targets, keep, is_index, z_loss, softcap, reduction, normalizer)
-    # the LLM head options (DESIGN 13): the loss of the capped logits through the plain loss's
-    # own paths, plus the z-term, each with its closed-form derivative (the cap's custom_jvp,
-    # logsumexp's softmax)
-    if softcap is not None:
-        z = _capped(z, softcap)
-    z_term = 0.0
-    if z_loss != 0.0:
-        # double where: a row left out enters as zeros, so that its gradient stays finite
-        lse = jax.nn.logsumexp(jnp.where(keep[..., None], z, 0.0), axis=-1)
-        z_term = z_loss * lse * lse
+    # the LLM head options (DESIGN 13) ride in each path's own terms and closed-form gradient
     if is_index:
         # an index outside [0, C) cannot raise under jit: its element's loss and gradient are NaN
         y = _as_array(targets)
@@ -406,20 +427,20 @@ def _softmax(
         # one-hot targets: gather the target class instead of forming an N x C one-hot
         a_y = jnp.where(keep, class_weight[y], 0.0) + poison
         if gamma == 0.0:
-            loss = _softmax_cross_entropy_at(z, y, a_y, keep)
+            loss = _softmax_cross_entropy_at(z, y, a_y, keep, z_loss, softcap)
         else:
-            loss = _softmax_focal_loss_at(z, y, a_y, keep, gamma)
+            loss = _softmax_focal_loss_at(z, y, a_y, keep, gamma, z_loss, softcap)
     else:
         if is_index:
             # ignored elements: logits 0, so that their gradient is 0 even for NaN logits
             z = jnp.where(keep[..., None], z, 0.0) + poison[..., None]
         a = class_weight * t
         if _is_static(gamma):
-            loss = _softmax_focal_loss(z, a, gamma)
+            loss = _softmax_focal_loss(z, a, gamma, z_loss, softcap)
         else:
-            loss = _softmax_focal_loss_traced(z, a, gamma)
+            loss = _softmax_focal_loss_traced(z, a, gamma, z_loss, softcap)
     # ignored elements give 0 and no gradient, whatever their logits; masked classes no gradient
-    loss = jnp.where(keep, loss + z_term, 0.0)
+    loss = jnp.where(keep, loss, 0.0)
     if is_index and not is_focal:
         # torch: the weighted mean divides by the weights of the kept targets
         targets = jnp.where(keep, _as_array(targets), 0)
@@ -693,10 +714,11 @@ def softmax_cross_entropy(
     (docs/scaling.md): the logits (and probability targets, a class `where`) are this device's
     contiguous slice, class-index targets stay global, `weight` is the whole vector; the row
     sums are reduced with pmax/psum of per-row scalars, never a gathered row.
-    `z_loss` and `softcap` (DESIGN 13, Python numbers, see the spec) take the dense closed-form
-    path (with `axis_name`: the local slice capped, lse from the row's own reductions).
-    `return_aux=True` returns (loss, {'lse', 'z_term', 'correct'}) as the spec, in the logits'
-    dtype (no gradient through them; with `axis_name`, a few more per-row reductions).
+    `z_loss` and `softcap` (DESIGN 13, Python numbers, see the spec) ride in the loss's own
+    closed-form terms (the class-index gather path included; with `axis_name`: the local slice
+    capped, lse from the row's own reductions). `return_aux=True` returns (loss, {'lse',
+    'z_term', 'correct'}) as the spec, in the logits' dtype (no gradient through them; with
+    `axis_name`, a few more per-row reductions).
     """
     arguments = (logits, targets, axis, weight, 0.0, False, ignore_index, label_smoothing, where)
     if axis_name is not None:

@@ -143,14 +143,18 @@ def _sum_except_self(v):
     return (total - v).scatter(-1, big, rest_of_big)
 
 
-def _softmax_focal_terms(z, a, gamma, grad_loss):
-    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c, or its gradient times `grad_loss`.
+def _softmax_focal_terms(z, a, gamma, grad_loss, z_loss=0.0):
+    """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c + z_loss lse**2, or its gradient times
+    `grad_loss`, lse = logsumexp(z) = z_top + log1p(s).
 
     With gamma = 0 this is the (weighted) softmax cross entropy -sum_c a_c log p_c.
     The gradient is p_j sum_{c != j} v_c - (1 - p_j) v_j, the same as p * sum(v) - v but free of
-    the cancellation p_j - 1 when p_j is close to 1. Class axis last; `grad_loss` None: the loss.
+    the cancellation p_j - 1 when p_j is close to 1, plus the z-loss's 2 z_loss lse p_j (one
+    more number in p_j's coefficient, the same pass). Class axis last; `grad_loss` None: the loss.
     """
     log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
+    # logsumexp(z) = z_top + log1p(s): the top's 1 apart, so a confident row keeps its digits
+    lse = torch.amax(z, dim=-1, keepdim=True) + log1p_s if z_loss != 0.0 else None
     if gamma == 0.0:
         # (1 - p)^0 = 1, also at p = 1
         focal_weight = None
@@ -165,17 +169,26 @@ def _softmax_focal_terms(z, a, gamma, grad_loss):
         # -inf (double where: d/da stays -(1 - p)^gamma log p, finite, wherever p > 0)
         weighted = a if focal_weight is None else a * focal_weight
         loss = -(weighted * torch.where((a == 0.0) & (log_p == -math.inf), 0.0, log_p))
-        return loss.sum(dim=-1)
-    grad = p * _sum_except_self(v) - not_p * v
+        loss = loss.sum(dim=-1)
+        if lse is None:
+            return loss
+        # z-loss: z_loss lse^2
+        return loss + z_loss * (lse * lse).squeeze(-1)
+    coefficient = _sum_except_self(v)
+    if lse is not None:
+        # z-loss: d/dz_j z_loss lse^2 = 2 z_loss lse p_j, in p_j's coefficient
+        coefficient = coefficient + (2.0 * z_loss) * lse
+    grad = p * coefficient - not_p * v
     return grad * grad_loss.unsqueeze(-1)
 
 
-def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss):
+def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss, z_loss=0.0):
     """``_softmax_focal_terms`` for a = a_y * onehot(y): only column y of the N x C work is done.
 
-    The loss is -a_y (1 - p_y)^gamma log p_y; with v nonzero only at y, sum_{c != j} v_c is v_y for
-    j != y and 0 for j = y, so the gradient is p_j v_y off y and -(1 - p_y) v_y at y. Returns the
-    loss (`grad_loss` None) or the gradient times `grad_loss` (shape [...]).
+    The loss is -a_y (1 - p_y)^gamma log p_y (+ z_loss lse^2, lse = z_top + log1p(s)); with v
+    nonzero only at y, sum_{c != j} v_c is v_y for j != y and 0 for j = y, so the gradient is
+    p_j (v_y + 2 z_loss lse) off y and -(1 - p_y) v_y + 2 z_loss lse p_y at y. Returns the loss
+    (`grad_loss` None, shape [...]) or the gradient times `grad_loss`.
     """
     if a_y is None:
         # a target mass of 1 (every element kept, no class weight)
@@ -213,27 +226,27 @@ def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss):
         # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
         weighted = a_y if focal_weight is None else a_y * focal_weight
         loss = -(weighted * torch.where((a_y == 0.0) & (log_p == -math.inf), 0.0, log_p))
+        if z_loss != 0.0:
+            # z-loss: z_loss lse^2, logsumexp(z) = z_top + log1p(s)
+            lse = z_top + log1p_s
+            loss = loss + z_loss * (lse * lse)
         return loss.squeeze(-1)
     coefficient = grad_loss.unsqueeze(-1) * v
+    at_y = -not_p * coefficient
+    if z_loss != 0.0:
+        # z-loss: d/dz_j z_loss lse^2 = 2 z_loss lse p_j, in p_j's coefficient (the same pass)
+        z_coefficient = (2.0 * z_loss) * grad_loss.unsqueeze(-1) * (z_top + log1p_s)
+        at_y = at_y + z_coefficient * p
+        coefficient = coefficient + z_coefficient
     if inplace:
         # p_j = exp(z_j - z_top) / (1 + s) off the top, 1 / (1 + s) at it: the temporary reused
         p_top = torch.exp(-log1p_s)
         grad = others.mul_(coefficient * p_top)
         grad = grad.scatter_(-1, top, coefficient * p_top)
-        return grad.scatter_(-1, y, -not_p * coefficient)
+        return grad.scatter_(-1, y, at_y)
     # p_j = exp(z_j - z_top - log1p(s)): one pass over the logits, then column y
     grad = torch.exp(shifted - log1p_s) * coefficient
-    return grad.scatter(-1, y, -not_p * coefficient)
-
-
-def _z_term(c, z_loss, grad_loss):
-    """The z-loss z_loss lse^2 per element ([...]), lse = logsumexp(c), or its gradient
-    2 z_loss lse p times `grad_loss` ([..., C]) (``spec._softmax_focal_terms``)."""
-    lse = torch.logsumexp(c, dim=-1, keepdim=True)
-    if grad_loss is None:
-        return z_loss * (lse * lse).squeeze(-1)
-    # d/dc_j lse^2 = 2 lse p_j, p_j = exp(c_j - lse)
-    return (2.0 * z_loss) * (grad_loss.unsqueeze(-1) * lse) * torch.exp(c - lse)
+    return grad.scatter(-1, y, at_y)
 
 
 def _softmax_loss_or_grad(
@@ -259,11 +272,9 @@ def _softmax_loss_or_grad(
     # soft-capping: c = softcap tanh(z / softcap), a fresh tensor (the terms may work in place)
     z, dcap = _softcap(z, softcap)
     if a is None:
-        result = _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss)
+        result = _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss, z_loss)
     else:
-        result = _softmax_focal_terms(z, a, gamma, grad_loss)
-    if z_loss != 0.0:
-        result = result + _z_term(z, z_loss, grad_loss)
+        result = _softmax_focal_terms(z, a, gamma, grad_loss, z_loss)
     if dcap is not None and grad_loss is not None:
         # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
         result = result * dcap
@@ -353,13 +364,24 @@ class _SoftmaxAtTarget(torch.autograd.Function):
     p and r are outputs of the function (saved as such), so under ``create_graph=True`` the
     backward, written in differentiable ops of them, is differentiated through them: their
     gradients come back here as grad_p (softmax's Jacobian) and grad_r (r = 1 - p_y).
+
+    The LLM head options (DESIGN 13, ``forward(..., z_loss, softcap)``) ride in the same passes.
+    `softcap`: the softmax is that of c = softcap tanh(z / softcap), formed in one temporary that
+    softmax reads (``_capped_logits``); c is not kept: backward multiplies the gradient by
+    dc/dz = sech^2(z / softcap) from the logits z, saved for it (``_times_dcap``). `z_loss`:
+    forward adds z_loss lse^2 with lse = logsumexp(c) from the row's largest c (one more read of
+    c) and p there (``_target_lse``), a fourth output (0 on rows not kept), and backward adds
+    2 z_loss lse to p_j's coefficient, the same multiplication. Without them the fourth output
+    is zeros and nothing else changes.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(z, y, a_y, keep, gamma):
-        p = torch.softmax(z, dim=-1)
+    def forward(z, y, a_y, keep, gamma, z_loss, softcap):
+        # soft-capping: the softmax of c = softcap tanh(z / softcap), a temporary of our own
+        c = z if softcap is None else _capped_logits(z, softcap)
+        p = torch.softmax(c, dim=-1)
         p_y = p.gather(-1, y)
         inplace = _inplace(p, y)
         on_host = inplace and _inputs._reads_on_host(p)
@@ -393,12 +415,12 @@ class _SoftmaxAtTarget(torch.autograd.Function):
         if on_host:
             if bool(small.any()):
                 rows = small.squeeze(-1).nonzero(as_tuple=True)
-                z_rows, p_rows = z[rows], p[rows]
+                z_rows, p_rows = c[rows], p[rows]
                 log_p_y[rows] = (
                     z_rows.gather(-1, y[rows]) - z_rows.amax(dim=-1, keepdim=True)
                 ) + torch.log(p_rows.amax(dim=-1, keepdim=True) / (p_y[rows] + r[rows]))
         else:
-            from_logits = (z.gather(-1, y) - z.amax(dim=-1, keepdim=True)) + torch.log(
+            from_logits = (c.gather(-1, y) - c.amax(dim=-1, keepdim=True)) + torch.log(
                 p.amax(dim=-1, keepdim=True) / (p_y + r)
             )
             log_p_y = torch.where(small, from_logits, log_p_y)
@@ -419,41 +441,77 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
             zero = (a_y == 0.0) & (log_p_y == -math.inf)
             loss = -(weighted * torch.where(zero, 0.0, log_p_y))
+        if z_loss != 0.0:
+            # z-loss: z_loss lse^2, rows not kept 0 (their lse too: backward reads it)
+            lse = _target_lse(c, y, p, p_y, r, log_p_y)
+            if keep is not None:
+                lse = torch.where(keep.unsqueeze(-1), lse, 0.0)
+            loss = loss + z_loss * (lse * lse)
+        else:
+            lse = torch.zeros_like(r)
         loss = loss.squeeze(-1)
         if keep is not None:
             # ignored elements give 0, whatever their logits
             loss = torch.where(keep, loss, 0.0)
-        return loss, p, r
+        return loss, p, r, lse
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        _, y, a_y, _, gamma = inputs
-        _, p, r = output
-        ctx.save_for_backward(p, r, y, a_y)
-        ctx.gamma = gamma
+        z, y, a_y, keep, gamma, z_loss, softcap = inputs
+        _, p, r, lse = output
+        # lse for the z-term, the logits for the cap's derivative (the caller's tensor: no
+        # copy), keep for either; without the options p, r, y and a_y as before
+        options = z_loss != 0.0 or softcap is not None
+        ctx.save_for_backward(
+            p,
+            r,
+            y,
+            a_y,
+            lse if z_loss != 0.0 else None,
+            keep if options else None,
+            z if softcap is not None else None,
+        )
+        ctx.gamma, ctx.z_loss, ctx.softcap = gamma, z_loss, softcap
         ctx.p_is_private = _saved_tensors_are_private()
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, grad_loss, grad_p, grad_r):
-        p, r, y, a_y = ctx.saved_tensors
+    def backward(ctx, grad_loss, grad_p, grad_r, grad_lse):
+        p, r, y, a_y, lse, keep, z = ctx.saved_tensors
         # p is ours (an output nobody else holds, no pack hook kept it): once this backward is the
         # graph's last, the gradient may overwrite it, unless a gradient through p still reads it
-        reuse_p = ctx.p_is_private and grad_p is None and grad_r is None and _frees_saved_tensors()
+        reuse_p = (
+            ctx.p_is_private
+            and grad_p is None
+            and grad_r is None
+            and grad_lse is None
+            and _frees_saved_tensors()
+        )
         grad = None
+        z_coefficient = None
+        if grad_loss is not None and ctx.z_loss != 0.0:
+            # z-loss: d/dc_j z_loss lse^2 = 2 z_loss lse p_j (lse is 0 on rows not kept)
+            z_coefficient = (2.0 * ctx.z_loss) * grad_loss.unsqueeze(-1) * lse
         if grad_loss is not None and ctx.gamma == 0.0:
             # cross entropy: p_j c off the target, -(1 - p_y) c = -r k c at it (k below)
-            k = 1.0 / (p.gather(-1, y) + r)
+            p_y = p.gather(-1, y)
+            k = 1.0 / (p_y + r)
             coefficient = grad_loss.unsqueeze(-1) if a_y is None else grad_loss.unsqueeze(-1) * a_y
             scale = coefficient * k
+            at_y = -(r * scale)
+            if z_coefficient is not None:
+                # the z-loss's 2 z_loss lse p_j (p_j = p k renormalised) in p_j's coefficient
+                z_scale = z_coefficient * k
+                at_y = at_y + p_y * z_scale
+                scale = scale + z_scale
             if reuse_p and _inplace(p, scale):
                 # the gradient written over the saved p: one read and one write of N x C
                 # (detached: p, an output of this function, carries its graph)
-                grad = p.detach().mul_(scale).scatter_(-1, y, (r * scale).neg_())
+                grad = p.detach().mul_(scale).scatter_(-1, y, at_y)
             elif _inplace(p, scale):
-                grad = torch.mul(p, scale).scatter_(-1, y, (r * scale).neg_())
+                grad = torch.mul(p, scale).scatter_(-1, y, at_y)
             else:
-                grad = (p * scale).scatter(-1, y, -(r * scale))
+                grad = (p * scale).scatter(-1, y, at_y)
         elif grad_loss is not None:
             p_y = p.gather(-1, y)
             is_top = p_y > r
@@ -474,12 +532,18 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             p_top = torch.where(is_top, p_y, 1.0)
             v, not_p_y, _ = _target_rows(p_y, log_p_y, r, p_top, is_top, a_y, ctx.gamma)
             coefficient = grad_loss.unsqueeze(-1) * v
-            if reuse_p and _inplace(p, coefficient):
-                grad = p.detach().mul_(coefficient * k).scatter_(-1, y, -not_p_y * coefficient)
-            elif _inplace(p, coefficient):
-                grad = torch.mul(p, coefficient * k).scatter_(-1, y, -not_p_y * coefficient)
+            scale = coefficient * k
+            at_y = -not_p_y * coefficient
+            if z_coefficient is not None:
+                # the z-loss's 2 z_loss lse p_j in p_j's coefficient (p_y renormalised above)
+                at_y = at_y + p_y * z_coefficient
+                scale = scale + z_coefficient * k
+            if reuse_p and _inplace(p, scale):
+                grad = p.detach().mul_(scale).scatter_(-1, y, at_y)
+            elif _inplace(p, scale):
+                grad = torch.mul(p, scale).scatter_(-1, y, at_y)
             else:
-                grad = (p * (coefficient * k)).scatter(-1, y, -not_p_y * coefficient)
+                grad = (p * scale).scatter(-1, y, at_y)
         if grad_p is not None:
             # the softmax's Jacobian: p (grad_p - sum_k p_k grad_p_k)
             through_p = torch._softmax_backward_data(grad_p, p, -1, p.dtype)
@@ -489,16 +553,71 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             scale = grad_r * p.gather(-1, y)
             through_r = (p * scale).scatter(-1, y, -scale * r)
             grad = through_r if grad is None else grad + through_r
-        return grad, None, None, None, None
+        if grad_lse is not None:
+            # lse = logsumexp(c) on the kept rows (0 elsewhere): d lse / dc = p
+            scale = grad_lse if keep is None else torch.where(keep.unsqueeze(-1), grad_lse, 0.0)
+            through_lse = p * scale
+            grad = through_lse if grad is None else grad + through_lse
+        if grad is not None and ctx.softcap is not None:
+            # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+            grad = _times_dcap(grad, z, ctx.softcap)
+            if keep is not None:
+                # rows not kept get 0, also where a NaN logit made sech^2 NaN (0 / cosh(NaN))
+                if _inplace(grad, keep) and _inputs._reads_on_host(grad):
+                    grad[~keep] = 0.0
+                else:
+                    grad = torch.where(keep.unsqueeze(-1), grad, 0.0)
+        return grad, None, None, None, None, None, None
 
 
-def _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index):
-    """The per-element loss through ``_SoftmaxAtTarget`` (its outputs p and r only feed the
-    backward)."""
+def _capped_logits(z, softcap):
+    """c = softcap tanh(z / softcap) in one fresh temporary (the quotient, then tanh and the
+    product in place), for a forward that records no graph. Infinite logits as ``_softcap``
+    (-inf a masked class, +inf a NaN row): where the values can be read on the host, one read
+    of the logits (their smallest and largest) tells whether any is infinite, and only then
+    does the masking where run; elsewhere it always does."""
+    c = (z / softcap).tanh_().mul_(softcap)
+    if z.numel() > 0 and _inplace(z) and _inputs._reads_on_host(z):
+        low, high = torch.aminmax(z)
+        # finite: no infinite logit (a NaN one makes it NaN, and so does tanh: checked anyway)
+        if bool(torch.isfinite(high - low)):
+            return c
+    return torch.where(torch.isinf(z), z, c)
+
+
+def _times_dcap(grad, z, softcap):
+    """`grad` times dc/dz = sech^2(z / softcap) (``_softcap``), written as 1 / cosh^2: two
+    divisions by one temporary, in place on `grad` (ours) where no graph is recorded, so the
+    cap's backward is two passes over N x C more. cosh overflows beyond |x| ~ 89 (float32; 710
+    in float64), where sech^2 is below the smallest subnormal: the quotient is 0 as it should
+    be, and dividing twice (rather than by cosh^2) keeps sech^2 down to the subnormals. Under
+    create_graph: the differentiable 4 e / (1 + e)^2 of ``_softcap``."""
+    if not _inplace(grad, z):
+        return grad * _softcap(z, softcap)[1]
+    # sech^2 x = 1 / cosh^2 x
+    cosh = (z / softcap).cosh_()
+    return grad.div_(cosh).div_(cosh)
+
+
+def _target_lse(c, y, p, p_y, r, log_p_y):
+    """logsumexp(c) per row ([..., 1]) from the fast path's softmax: at a top target
+    c_y - log p_y = c_top + log1p(s) (the spec's form, a confident row keeps its digits);
+    elsewhere c_top - log(p_top / (p_y + r)), p_top >= 1 / C renormalised by softmax's own row
+    sum (k = 1 / (p_y + r), as backward). One read of c for its largest entry."""
+    c_top, top = torch.max(c, dim=-1, keepdim=True)
+    from_top = c_top - torch.log(p.gather(-1, top) / (p_y + r))
+    return torch.where(top == y, c.gather(-1, y) - log_p_y, from_top)
+
+
+def _softmax_at_target(
+    logits, targets, where, class_weight, axis, gamma, ignore_index, z_loss=0.0, softcap=None
+):
+    """The per-element loss through ``_SoftmaxAtTarget`` (its outputs p, r and lse only feed
+    the backward)."""
     z, _, y, a_y, keep, _ = _softmax_targets(
         logits, targets, where, class_weight, axis, ignore_index, 0.0
     )
-    loss, _, _ = _SoftmaxAtTarget.apply(z, y, a_y, keep, gamma)
+    loss, _, _, _ = _SoftmaxAtTarget.apply(z, y, a_y, keep, gamma, z_loss, softcap)
     return loss
 
 
@@ -531,7 +650,7 @@ class _SoftmaxTriton(torch.autograd.Function):
     the eager path. The buffers are saved, not returned: autograd keeps no views of them."""
 
     @staticmethod
-    def forward(ctx, z, y, w, axis, gamma, ignore_index, reduction, weighted):
+    def forward(ctx, z, y, w, axis, gamma, ignore_index, reduction, weighted, z_loss, softcap):
         # float32/float64 keep the gradient from forward (backward scales it); half precision
         # recomputes it in backward rather than round it twice
         keeps_grad = ctx.needs_input_grad[0] and z.dtype in (torch.float32, torch.float64)
@@ -540,10 +659,11 @@ class _SoftmaxTriton(torch.autograd.Function):
         acc = torch.float64 if z.dtype == torch.float64 else torch.float32
         denominator = loss.new_empty((), dtype=acc) if reduction == "mean" else None
         _TRITON.softmax_index_fwd_(
-            z, y, w, axis, gamma, ignore_index, weighted, loss, denominator, grad
+            z, y, w, axis, gamma, ignore_index, weighted, loss, denominator, grad, z_loss, softcap
         )
         ctx.save_for_backward(z, y, w, denominator, grad)
         ctx.axis, ctx.gamma, ctx.ignore_index = axis, gamma, ignore_index
+        ctx.z_loss, ctx.softcap = z_loss, softcap
         ctx.grad_is_private = _saved_tensors_are_private()
         return loss
 
@@ -554,19 +674,21 @@ class _SoftmaxTriton(torch.autograd.Function):
         if torch.is_grad_enabled():
             scale = grad_loss if divisor is None else grad_loss / divisor
             grad = _softmax_loss_or_grad(
-                z, y, None, w, ctx.axis, ctx.gamma, ctx.ignore_index, 0.0, 0.0, None, scale
-            )
+                z, y, None, w, ctx.axis, ctx.gamma, ctx.ignore_index, 0.0, ctx.z_loss,
+                ctx.softcap, scale,
+            )  # fmt: skip
         elif grad is None:
             # half precision: recomputed with the incoming gradient, one rounding
             grad = _TRITON.softmax_index_bwd(
-                z, y, w, ctx.axis, ctx.gamma, ctx.ignore_index, grad_loss, divisor
-            )
+                z, y, w, ctx.axis, ctx.gamma, ctx.ignore_index, grad_loss, divisor, ctx.z_loss,
+                ctx.softcap,
+            )  # fmt: skip
         elif ctx.grad_is_private and _frees_saved_tensors():
             # the graph's last backward: the kernel's buffer scaled in place (no second N x C)
             _TRITON.scale_rows_(grad, ctx.axis, grad_loss, divisor)
         else:
             grad = _TRITON.scale_rows(grad, ctx.axis, grad_loss, divisor)
-        return grad, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
 def _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
@@ -581,16 +703,19 @@ def _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index
     )
 
 
-def _softmax_triton(logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction):
+def _softmax_triton(
+    logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction, z_loss, softcap
+):
     """The loss in the logits' dtype, reduced by the kernels: the mean divides by the kept
-    targets' class weights (`weighted`, torch's weighted mean) or their number."""
+    targets' class weights (`weighted`, torch's weighted mean) or their number; the LLM head
+    options (DESIGN 13) in the kernel's own passes."""
     global _TRITON
     if _TRITON is None:
         _TRITON = _kernels.softmax_ops()
     z = logits if logits.is_contiguous() else logits.contiguous()
     y = targets if targets.is_contiguous() else targets.contiguous()
     return _SoftmaxTriton.apply(
-        z, y, class_weight, axis, float(gamma), ignore_index, reduction, weighted
+        z, y, class_weight, axis, float(gamma), ignore_index, reduction, weighted, z_loss, softcap
     )
 
 
@@ -827,69 +952,6 @@ class _SoftCap(torch.autograd.Function):
         e = (z / ctx.softcap).abs_().mul_(-2.0).exp_()
         denominator = (e + 1.0).square_()
         return e.mul_(4.0).div_(denominator).mul_(grad), None
-
-
-class _ZTerm(torch.autograd.Function):
-    """z_loss lse(c)^2 per element, 0 where not `keep` (class axis last); backward the closed
-    form 2 z_loss lse p_j (``spec._softmax_focal_terms``), 0 on rows not kept whatever their
-    logits (NaN included), in one fresh buffer."""
-
-    @staticmethod
-    def forward(ctx, c, keep, z_loss):
-        lse = torch.logsumexp(c, dim=-1, keepdim=True)
-        ctx.save_for_backward(c, lse, keep)
-        ctx.z_loss = z_loss
-        z_term = z_loss * (lse * lse).squeeze(-1)
-        return z_term if keep is None else torch.where(keep, z_term, 0.0)
-
-    @staticmethod
-    def backward(ctx, grad):
-        c, lse, keep = ctx.saved_tensors
-        coefficient = (2.0 * ctx.z_loss) * lse * grad.unsqueeze(-1)
-        if torch.is_grad_enabled():
-            # create_graph: out of place, differentiable (lse recomputed inside the graph)
-            lse = torch.logsumexp(c, dim=-1, keepdim=True)
-            coefficient = (2.0 * ctx.z_loss) * lse * grad.unsqueeze(-1)
-            result = torch.exp(c - lse) * coefficient
-            return (
-                (result if keep is None else torch.where(keep.unsqueeze(-1), result, 0.0)),
-                None,
-                None,
-            )
-        # p_j = exp(c_j - lse)
-        result = (c - lse).exp_().mul_(coefficient)
-        if keep is not None:
-            result.masked_fill_(~keep.unsqueeze(-1), 0.0)
-        return result, None, None
-
-
-def _softmax_head(
-    logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, is_index,
-    z_loss, softcap,
-):  # fmt: skip
-    """The per-element loss with the LLM head options (DESIGN 13): the loss of the capped
-    logits c through the plain loss's own paths (the class-index fast path where it applies),
-    plus z_loss lse(c)^2 on the kept elements. Each part has its closed-form derivative: the cap
-    ``_SoftCap``, the loss its own, the z-term ``_ZTerm`` (2 z_loss lse p). Computed in float32
-    for half inputs (c is a float32 temporary)."""
-    c = logits.to(_compute_dtype(logits.dtype))
-    if softcap is not None:
-        c = _SoftCap.apply(c, softcap)
-    if _at_target(c, class_weight, label_smoothing, is_index):
-        loss = _softmax_at_target(c, targets, where, class_weight, axis, gamma, ignore_index)
-    else:
-        loss = _softmax_focal_loss(
-            c, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing, 0.0, None
-        )
-    if z_loss == 0.0:
-        return loss
-    c = c.movedim(axis, -1)
-    valid = None if where is None else where.expand(logits.shape).movedim(axis, -1)
-    keep = _softmax_keep(targets, valid, ignore_index, is_index)
-    if valid is not None:
-        # classes outside `where` leave the softmax: a logit of -inf
-        c = c.masked_fill(~valid, -math.inf)
-    return loss + _ZTerm.apply(c, keep, z_loss)
 
 
 def _softmax_vocab_parallel(
@@ -1153,8 +1215,6 @@ def _softmax(
             normalizer,
         )  # fmt: skip
         return loss, aux
-    # the LLM head options (DESIGN 13) take the closed-form eager path
-    head_options = z_loss != 0.0 or softcap is not None
     if is_focal:
         gamma = _gamma(gamma)
         weight, alpha = None, class_weight_arg
@@ -1166,32 +1226,27 @@ def _softmax(
     # with a normalizer the kernel sums and the division follows: one rounding of the quotient
     # needs the sum in at least the working precision, so half precision takes the eager path
     exact_sum = normalizer is None or logits.dtype in (torch.float32, torch.float64)
-    if (
-        exact_sum
-        and not head_options
-        and _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index)
-    ):
+    if exact_sum and _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
         # the kernel's op reduces: torch's weighted mean for the weighted cross entropy, the
         # kept elements otherwise (0 kept: a mean of 0)
         weighted = not is_focal and class_weight is not None
         kernel_reduction = "sum" if normalizer is not None else reduction
         loss = _softmax_triton(
-            logits, targets, class_weight, axis, gamma, ignore_index, weighted, kernel_reduction
-        )
+            logits, targets, class_weight, axis, gamma, ignore_index, weighted, kernel_reduction,
+            z_loss, softcap,
+        )  # fmt: skip
         if normalizer is not None:
             loss = _reduce(loss, reduction, normalizer).to(logits.dtype)
         return loss
-    if head_options:
-        loss = _softmax_head(
-            logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing,
-            is_index, z_loss, softcap,
-        )  # fmt: skip
-    elif _at_target(logits, class_weight, label_smoothing, is_index):
-        loss = _softmax_at_target(logits, targets, where, class_weight, axis, gamma, ignore_index)
+    # the LLM head options (DESIGN 13) ride in each path's own passes
+    if _at_target(logits, class_weight, label_smoothing, is_index):
+        loss = _softmax_at_target(
+            logits, targets, where, class_weight, axis, gamma, ignore_index, z_loss, softcap
+        )
     else:
         loss = _softmax_focal_loss(
             logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing,
-            0.0, None,
+            z_loss, softcap,
         )  # fmt: skip
     return _softmax_reduce(
         loss, logits, targets, where, class_weight, axis, ignore_index, is_index, is_focal,
@@ -1294,10 +1349,11 @@ def softmax_cross_entropy(
     `z_loss`, `softcap`, `return_aux`, `label_smoothing` and `where` (sliced like the logits)
     work there too (label smoothing adds one number per row, `where` one all-reduce), and
     probability targets sliced like the logits (the focal loss with them or with smoothing only
-    at gamma = 0); not twice differentiable. `z_loss` and `softcap` (DESIGN 13, see
-    the spec) take the eager closed-form path (not the Triton kernel, not the class-index fast
-    path). `return_aux=True` returns (loss, {'lse', 'z_term', 'correct'}) as the spec, in the
-    logits' dtype (one more logsumexp pass, no gradient).
+    at gamma = 0); not twice differentiable. `z_loss` and `softcap` (DESIGN 13, see the spec)
+    ride in each path's own passes (the Triton kernel, the class-index fast path, the dense
+    closed form; over a process group the local slice capped, lse from the row's own sums).
+    `return_aux=True` returns (loss, {'lse', 'z_term', 'correct'}) as the spec, in the logits'
+    dtype (one more logsumexp pass, no gradient).
     """
     return _softmax(
         logits,

@@ -1,6 +1,6 @@
-"""What the kernels of every family share: exact ``exp``/``log``/``log1p`` (libdevice on CUDA,
-NumPy's under the interpreter), the compute dtype, the fixed-order reduction of per-element
-losses and the element-wise scale of a gradient buffer.
+"""What the kernels of every family share: exact ``exp``/``log``/``log1p``/``tanh`` (libdevice on
+CUDA, NumPy's under the interpreter), the soft cap and its derivative, the compute dtype, the
+fixed-order reduction of per-element losses and the element-wise scale of a gradient buffer.
 
 May import torch, triton and ``_triton``; never the family modules.
 """
@@ -42,6 +42,38 @@ def _log1p(x, EXACT: tl.constexpr):
         u = 1.0 + x
         d = u - 1.0
         return tl.where(d == 0.0, x, _log(u, EXACT) * (x / tl.where(d == 0.0, 1.0, d)))
+
+
+@triton.jit
+def _tanh(x, EXACT: tl.constexpr):
+    if EXACT:
+        return libdevice.tanh(x)
+    else:
+        # tanh |x| = -m / (2 + m), m = expm1(-2 |x|) by Kahan's formula from u = exp(t) rounded:
+        # (u - 1) t / log(u), within a few ULP (t where u is 1, -1 where u underflows to 0)
+        t = -2.0 * tl.abs(x)
+        u = _exp(t, EXACT)
+        safe = (u != 1.0) & (u != 0.0)
+        log_u = _log(tl.where(safe, u, 0.5), EXACT)
+        m = tl.where(u == 1.0, t, tl.where(u == 0.0, -1.0, (u - 1.0) * (t / log_u)))
+        magnitude = -m / (2.0 + m)
+        return tl.where(x < 0.0, -magnitude, magnitude)
+
+
+@triton.jit
+def _softcap(z, softcap, EXACT: tl.constexpr):
+    """c = softcap tanh(z / softcap) (``spec._softcap``); infinite logits keep their meaning (-inf a
+    masked class, +inf a NaN row), where tanh would make them finite."""
+    c = softcap * _tanh(z / softcap, EXACT)
+    return tl.where((z == float("inf")) | (z == -float("inf")), z, c)
+
+
+@triton.jit
+def _dcap(z, softcap, EXACT: tl.constexpr):
+    """dc/dz = sech^2(z / softcap) = 4 e / (1 + e)^2, e = exp(-2 |z / softcap|) (``spec._softcap``:
+    no 1 - tanh^2 cancellation, no overflow); 0 at infinite logits."""
+    e = _exp(-2.0 * tl.abs(z / softcap), EXACT)
+    return 4.0 * e / ((1.0 + e) * (1.0 + e))
 
 
 def _acc(dtype: torch.dtype):

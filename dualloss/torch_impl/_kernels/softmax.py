@@ -10,6 +10,12 @@ and dtype: p_j v off the target, -(1 - p_y) v at it (``_softmax_focal_terms_spar
 scales that buffer by the incoming gradient, row by row (``scale_rows``): two launches in all,
 and nothing written into the caller's tensors.
 
+The LLM head options (DESIGN 13) in the same program: with `softcap` every logit is read as
+c = softcap tanh(z / softcap) (pass 1 and pass 2 recompute it from z: nothing of the logits'
+size is written but the gradient), and the gradient is times dc/dz = 4 e / (1 + e)^2,
+e = exp(-2 |z / softcap|); with `z_loss` the loss adds z_loss lse^2, lse = c_top + log1p(s) from
+pass 1's numbers, and pass 2 adds 2 z_loss lse to every p_j's coefficient.
+
 Arithmetic in float32 for half inputs, float64 for float64. On CUDA ``exp``/``log``/``log1p`` are
 libdevice's (correctly rounded to within an ULP) rather than the fast approximations; under the
 interpreter NumPy's, with log1p from log by Kahan's formula.
@@ -26,18 +32,18 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ._common import _EXACT, _acc, _exp, _log, _log1p, _reduce_kernel
+from ._common import _EXACT, _acc, _dcap, _exp, _log, _log1p, _reduce_kernel, _softcap
 
 
 @triton.jit
 def _softmax_index_kernel(
     z_ptr, y_ptr, w_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride, divisor_ptr,
     C, D, stride_n, stride_c, stride_d,
-    gamma, ignore_index, tiny, eps,
+    gamma, ignore_index, tiny, eps, z_loss, softcap,
     HAS_W: tl.constexpr, WEIGHTED_COUNT: tl.constexpr, COUNT: tl.constexpr,
     NEEDS_GRAD: tl.constexpr,
     FOCAL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DIVISOR: tl.constexpr,
-    STORE_LOSS: tl.constexpr,
+    STORE_LOSS: tl.constexpr, Z_LOSS: tl.constexpr, CAP: tl.constexpr,
     ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
@@ -56,6 +62,9 @@ def _softmax_index_kernel(
         j = start + cols
         inside = j < C
         z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-inf).to(ACC)
+        if CAP:
+            # soft-capping: the row is that of c = softcap tanh(z / softcap)
+            z = _softcap(z, softcap, EXACT)
         has_nan = has_nan | tl.max((z != z).to(tl.int32), 0)
         block_top = tl.max(z, 0)
         # the first index of the block's largest logit
@@ -83,6 +92,8 @@ def _softmax_index_kernel(
         a_y = tl.full((), 1.0, ACC)
     a_y = tl.where(keep, a_y, 0.0)
     z_y = tl.load(z_ptr + base + y * stride_c).to(ACC)
+    if CAP:
+        z_y = _softcap(z_y, softcap, EXACT)
     is_top = y == top
     log_p = (z_y - z_top) - log1p_s
     p = _exp(log_p, EXACT)
@@ -111,6 +122,13 @@ def _softmax_index_kernel(
         v = a_y
     # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
     loss = -(weighted * tl.where((a_y == 0.0) & (log_p == -inf), 0.0, log_p))
+    if Z_LOSS:
+        # z-loss: z_loss lse^2, logsumexp(c) = c_top + log1p(s)
+        lse = z_top + log1p_s
+        loss = loss + z_loss * lse * lse
+        z_coefficient = 2.0 * z_loss * lse
+    else:
+        z_coefficient = 0.0
     # ignored elements give 0, whatever their logits
     if STORE_LOSS:
         tl.store(loss_ptr + row, tl.where(keep, loss, 0.0).to(loss_ptr.dtype.element_ty))
@@ -130,7 +148,12 @@ def _softmax_index_kernel(
                 # the mean's backward: the incoming gradient over the forward's denominator
                 scale = scale / tl.load(divisor_ptr).to(ACC)
             v = v * scale
+            z_coefficient = z_coefficient * scale
         at_y = -not_p * v
+        if Z_LOSS:
+            # the z-loss's 2 z_loss lse p_j in every p_j's coefficient
+            at_y = at_y + z_coefficient * p
+            v = v + z_coefficient
         # p_j v = exp(z_j - z_top) v / (1 + s): one rounded difference in the exponent (its
         # error grows with |z_j - z_top|), where exp(z_j - z_top - log1p(s)) would have two;
         # NaN where the row's loss is NaN
@@ -140,7 +163,14 @@ def _softmax_index_kernel(
             inside = j < C
             offsets = base + j.to(tl.int64) * stride_c
             z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
-            grad = tl.where(j == y, at_y, _exp(z - z_top, EXACT) * v_over)
+            if CAP:
+                c = _softcap(z, softcap, EXACT)
+            else:
+                c = z
+            grad = tl.where(j == y, at_y, _exp(c - z_top, EXACT) * v_over)
+            if CAP:
+                # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+                grad = grad * _dcap(z, softcap, EXACT)
             grad = tl.where(keep, grad, 0.0)
             tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
@@ -195,23 +225,32 @@ def softmax_index_fwd_(
     loss: Tensor,
     denominator: Tensor | None,
     grad: Tensor | None,
+    z_loss: float,
+    softcap: float | None,
 ) -> None:
     """z contiguous logits with the class axis `axis`, y contiguous int64 targets (z's shape
     without it), w (C,) the class weight (compute dtype) or None; the results written into
     buffers the caller allocates (the loss and gradient in z's dtype, one rounding each).
+    `z_loss` (0: none) and `softcap` (None: none): the LLM head options (DESIGN 13).
 
     `loss`: y's shape for the per-element loss; 0-dim for their sum, or with a 0-dim
     `denominator` (compute dtype) for their mean over the count (a_y with `weighted_count`,
     torch's weighted mean, else 1; 0 where ignored; none kept: a mean of 0). `grad`: the
     gradient of the per-element loss, where one is needed."""
     if loss.dim() > 0:
-        _launch(z, y, w, axis, gamma, ignore_index, weighted_count, loss, 0, grad)
+        _launch(
+            z, y, w, axis, gamma, ignore_index, weighted_count, loss, 0, grad,
+            z_loss=z_loss, softcap=softcap,
+        )  # fmt: skip
         return
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32
     mean = denominator is not None
     rows = torch.empty((2 if mean else 1) * y.numel(), dtype=acc, device=z.device)
     count_at = y.numel() if mean else 0
-    _launch(z, y, w, axis, gamma, ignore_index, weighted_count, rows, count_at, grad)
+    _launch(
+        z, y, w, axis, gamma, ignore_index, weighted_count, rows, count_at, grad,
+        z_loss=z_loss, softcap=softcap,
+    )  # fmt: skip
     _reduce_kernel[(1,)](
         rows, loss, denominator if mean else loss, y.numel(), torch.finfo(acc).tiny, 0.0,
         MEAN=int(mean), ACC=_acc(z.dtype), BLOCK=1024, num_warps=4,
@@ -220,11 +259,11 @@ def softmax_index_fwd_(
 
 def _launch(
     z, y, w, axis, gamma, ignore_index, weighted_count, loss, count_at, grad,
-    scale=None, divisor=None,
+    scale=None, divisor=None, z_loss=0.0, softcap=None,
 ):  # fmt: skip
     """The row kernel: per-element losses into `loss` (None: not stored), their counts into
     `loss` from `count_at` on (0: none), the gradient (times `scale` / `divisor` where given)
-    into `grad` (None: not computed)."""
+    into `grad` (None: not computed); with the z-loss `z_loss` and the cap `softcap`."""
     rows, c, d, stride_n, stride_c, stride_d = _rows(z, axis)
     if rows == 0:
         return
@@ -240,9 +279,11 @@ def _launch(
         divisor if divisor is not None else anything,
         c, d, stride_n, stride_c, stride_d,
         float(gamma), int(ignore_index), info.tiny, info.eps,
+        float(z_loss), 1.0 if softcap is None else float(softcap),
         HAS_W=w is not None, WEIGHTED_COUNT=weighted_count, COUNT=count_at > 0,
         NEEDS_GRAD=grad is not None, FOCAL=gamma != 0.0, HAS_SCALE=scale is not None,
         HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
+        Z_LOSS=z_loss != 0.0, CAP=softcap is not None,
         ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
     )  # fmt: skip
 
@@ -269,26 +310,28 @@ def _row_scale(scale):
 
 
 @softmax_index_fwd_.register_fake
-def _(z, y, w, axis, gamma, ignore_index, weighted_count, loss, denominator, grad):
+def _(z, y, w, axis, gamma, ignore_index, weighted_count, loss, denominator, grad, z_loss, softcap):
     return None
 
 
 @torch.library.custom_op("dualloss::softmax_index_bwd", mutates_args=())
 def softmax_index_bwd(
     z: Tensor, y: Tensor, w: Tensor | None, axis: int, gamma: float, ignore_index: int,
-    scale: Tensor, divisor: Tensor | None,
+    scale: Tensor, divisor: Tensor | None, z_loss: float, softcap: float | None,
 ) -> Tensor:  # fmt: skip
     """The gradient of ``softmax_index_fwd_``'s per-element loss times `scale` (one number or
     y's shape) over `divisor` (the mean's denominator, or None), recomputed from the logits in
     one launch and rounded once to their dtype (half precision, where a gradient kept from
     forward in the logits' dtype and then scaled would be rounded twice)."""
     grad = torch.empty_like(z)
-    _launch(z, y, w, axis, gamma, ignore_index, False, None, 0, grad, scale, divisor)
+    _launch(
+        z, y, w, axis, gamma, ignore_index, False, None, 0, grad, scale, divisor, z_loss, softcap
+    )
     return grad
 
 
 @softmax_index_bwd.register_fake
-def _(z, y, w, axis, gamma, ignore_index, scale, divisor):
+def _(z, y, w, axis, gamma, ignore_index, scale, divisor, z_loss, softcap):
     return torch.empty_like(z)
 
 
