@@ -303,3 +303,39 @@ def test_jax_z_gradient_at_tied_logits_far_from_zero():
         jnp.asarray(logits, jnp.float32)
     )
     np.testing.assert_allclose(np.asarray(grad, np.float64), expected, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# The practical standard through the cap (tolerance._head_option_scales)
+# ----------------------------------------------------------------------------------------------
+
+
+def test_practical_gradient_allowance_follows_the_cap_derivative():
+    """With every logit beyond a cap of 30 the gradient is dl/dc sech^2(z / 30) ~ 1e-7: the
+    allowance comes back through sech^2 (plus 1 - tanh^2's own 2 u), so a gradient 10 times off
+    or missing fails (the scale of c alone forgave both), while the textbook float32 autograd
+    of 30 tanh(z / 30) and F.cross_entropy (its 1 - tanh^2 is 0 beyond |x| = 9) passes."""
+    torch = pytest.importorskip("torch")
+    import torch.nn.functional as F
+
+    from dualloss.parity import tolerance
+
+    logits = np.array([[300.0, 250.0, 228.0, -300.0], [260.0, 240.0, 235.0, 500.0]])
+    targets = np.array([1, 2])
+    options = {"softcap": 30.0}
+    value = spec.softmax_cross_entropy(logits, targets, **options)
+    grad = spec.softmax_cross_entropy_grad(logits, targets, **options)
+    assert np.max(np.abs(grad)) < 3e-7
+
+    def judged(value, grad):
+        return tolerance.judge("softmax_cross_entropy", logits, targets, options, "float32",
+                               value, grad, standard="practical")  # fmt: skip
+
+    assert judged(value, grad.astype(np.float32).astype(np.float64)).ok
+    assert not judged(value, 10.0 * grad).ok
+    assert not judged(value, 0.0 * grad).ok
+    x = torch.tensor(logits, dtype=torch.float32, requires_grad=True)
+    loss = F.cross_entropy(30.0 * torch.tanh(x / 30.0), torch.tensor(targets))
+    loss.backward()
+    assert x.grad[0, 0] == 0.0  # 1 - tanh(10)^2 rounds to 0 in float32
+    assert judged(loss.item(), x.grad.double().numpy()).ok
