@@ -191,7 +191,7 @@ def _shifted(dtype):
     return logits, np.array([0, 3, 4])
 
 
-@pytest.mark.xfail(strict=True, reason="torch_impl/softmax.py _z_term and _ZTerm: " + Z_OVERFLOW)
+@pytest.mark.xfail(strict=True, reason="torch_impl/softmax.py's z-term: " + Z_OVERFLOW)
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 def test_torch_z_term_is_finite_where_the_math_is(dtype):
     torch = pytest.importorskip("torch")
@@ -272,8 +272,8 @@ def test_fused_linear_z_term_is_finite_where_the_math_is(backend):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="torch_impl/softmax.py _z_term and _ZTerm.backward form p_j = exp(c_j - lse) from "
-    "the rounded lse: where lse absorbs log C (tied logits near 2**31 in float32) every p_j is "
+    reason="torch_impl/softmax.py's z-gradient forms p_j = exp(c_j - lse) from the rounded "
+    "lse: where lse absorbs log C (tied logits near 2**31 in float32) every p_j is "
     "1, the z-gradient C times too large; JAX forms p from the shifted logits. The strict "
     "standard's one-ULP input spread (ulp(2**31) = 256) forgives it, so the run cannot see it",
 )
