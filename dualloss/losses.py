@@ -27,6 +27,7 @@ from . import spec
 __all__ = [
     "ALL_NAMES",
     "ErrorInput",
+    "HEAD_OPTIONS",
     "LINEAR_LOSSES",
     "LINEAR_NAMES",
     "LINEAR_REGIONS",
@@ -60,6 +61,7 @@ REGIONS = (
     "spatial",
     "where",
     "options",
+    "llm_head",
 )
 SIGMOID_REGIONS = (
     "typical",
@@ -241,6 +243,9 @@ AXIS = Option("axis", "index", -1, -1)
 # the LLM head options (DESIGN 13): the z-loss weight and the logit cap (None: no cap)
 Z_LOSS = Option("z_loss", "real", 0.0, 0.0, low=0.0)
 SOFTCAP = Option("softcap", "real", None, None, low=0.0)
+# the options a loss may lack as a whole feature: a call that refuses one of them, or a peer that
+# does not take it, is reported unsupported by the parity run, not failed
+HEAD_OPTIONS = ("z_loss", "softcap")
 # (loss, {'lse', 'z_term', 'correct'}): the per-element statistics of the same pass
 RETURN_AUX = Option("return_aux", "choice", False, False, choices=(False, True))
 

@@ -238,6 +238,10 @@ def test_f_cross_entropy_reports_its_nan_on_an_all_ignored_batch_as_a_named_haza
     text = str(report)
     assert "F.cross_entropy does the same by design" in text
     assert "skip=('all_ignored_nan',) accepts it" in text
+    # the value line prints what F.cross_entropy returned (NaN), not the 0 it was judged as
+    assert np.isnan(named[0].failure.received_value), named[0].failure.received_value
+    (line,) = [x for x in text.splitlines() if x.strip().startswith("value: expected 0")]
+    assert "received nan" in line, line
     # accepted: OK, and the report says what was accepted
     accepted = check(F.cross_entropy, "softmax_cross_entropy", backend="torch",
                      skip=("all_ignored_nan", *NO_MASKS), **FAST)  # fmt: skip

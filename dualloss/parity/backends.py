@@ -102,6 +102,8 @@ class Implementation:
     # (probability targets) and option names, which `kwargs` must then give as float arrays
     wrt: Callable[[Prepared], tuple[str, ...]] = lambda prep: ()
     info: losses.LossInfo = field(default=None, repr=False, compare=False)
+    # the spec options the function takes (a peer's); None: every option of the loss
+    takes: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.loss, losses.LossInfo):
@@ -109,6 +111,17 @@ class Implementation:
         elif self.info is None:
             self.info = losses.get(self.loss)
         self.loss = self.info.name
+
+
+def lacking(impl: Implementation, options: dict) -> tuple[str, ...]:
+    """The options of a case away from their neutral value that `impl` does not take."""
+    if impl.takes is None:
+        return ()
+    return tuple(
+        name for name, value in options.items()
+        if name not in impl.takes and name != "reduction" and impl.info.has(name)
+        and not impl.info.option(name).is_neutral(value)
+    )  # fmt: skip
 
 
 def format_kwargs(kwargs: dict) -> str:

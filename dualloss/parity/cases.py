@@ -26,6 +26,11 @@ Regions (``REGIONS``):
 * ``where``: boolean class masks (optax semantics), with label smoothing.
 * ``options``: the option grid (gamma 0, 0.25, 0.5, 1, 2, 5; alpha None / scalar / vector;
   weights; pos_weight) on typical and adversarial rows.
+* ``llm_head``: the LLM head options (DESIGN 13), `softcap` small (0.5, 1) and large (30, 1e4)
+  with logits far beyond the cap (1e3 up to ~half the dtype's maximum, -inf masked classes among
+  them), `z_loss` 1e-4 / 1e-2 / 1, and a common shift that puts z_loss * lse**2 at an eighth of
+  the dtype's largest number (large, finite); with ignored rows, class weights or alpha, label
+  smoothing, probability targets and `where` masks.
 
 Every adversarial region also comes ``hidden``: its rows inside a larger typical batch at an odd
 offset (row 37 of 67), so that vectorised loops run their tails over the bad row.
@@ -457,6 +462,121 @@ def _softmax_options(plan: _Plan) -> Iterator[Case]:
         yield plan.case("options", "weight prob", z, prob, {"weight": vector})
 
 
+def _far(plan: _Plan) -> list[float]:
+    """Logit sizes far beyond every cap: 1e3 up to about half the dtype's maximum."""
+    top = 0.5 * DTYPE_MAX[plan.dtype] if plan.dtype != "float64" else DTYPE_MAX[plan.dtype] / 16
+    grid = [1e3, 1e30] if not plan.full else [1e3, 3e4, 1e6, 1e15, 1e30, 1e100, 1e300]
+    return [m for m in grid if m < top] + [_round_nice(top)]
+
+
+def _beyond_cap_rows(rng, far: list[float]):
+    """Rows of 6 classes with logits far beyond any cap (the target leading by, trailing by, and
+    tied at the far value), -inf masked classes next to them, a single finite class, and an
+    ignored row of huge logits; returns (logits, targets)."""
+    rows, targets = [], []
+    for m in far:
+        z = rng.standard_normal(6)
+        z[2] = m  # the target leads by far more than the cap
+        rows.append(z)
+        targets.append(2)
+        z = rng.standard_normal(6)
+        z[[1, 4]] = [m, -m]  # the target trails far beyond the cap; another far below
+        rows.append(z)
+        targets.append(0)
+        z = np.full(6, -np.inf)
+        z[[0, 3, 5]] = [m, 0.5 * m, -m]  # -inf masks, two capped logits nearly tied
+        rows.append(z)
+        targets.append(3)
+    z = np.full(6, -np.inf)
+    z[4] = far[-1]  # a single finite class, beyond the cap: p = 1 exactly
+    rows.append(z)
+    targets.append(4)
+    z = rng.standard_normal(6) * far[-1] / 4
+    rows.append(z)  # an ignored row: its huge logits contribute nothing, nor their z-term
+    targets.append(-100)
+    return np.array(rows), np.array(targets)
+
+
+# the quick level's llm_head cases per dtype (JAX compiles once per case and dtype, so the quick
+# run takes two per dtype, and the dtypes share the grid out): (kind, softcap, z_loss)
+_LLM_HEAD_QUICK = {
+    "float32": (("beyond", 0.5, 1.0), ("prob", 30.0, 1e-4)),
+    "bfloat16": (("smoothed", 30.0, 1e-4), ("shift", None, 1e-2)),
+    "float16": (("hidden", 1.0, 1e-2), ("shift", None, 1e-2)),
+    "float64": (("beyond", 1e4, 1e-2), ("shift", None, 1.0)),
+}
+
+
+def _softmax_llm_head(plan: _Plan) -> Iterator[Case]:
+    """The LLM head options (DESIGN 13): c = softcap tanh(z / softcap), the row loss base(c) +
+    z_loss lse(c)**2; far beyond the cap, at -inf masks, and at a z-term near overflow.
+
+    Kinds: 'beyond' (the rows of ``_beyond_cap_rows`` with class weights or alpha), 'smoothed'
+    (those without -inf masks, label smoothing 0.1, reduction 'sum'), 'hidden' (them inside a
+    typical batch), 'shift' (a common shift s with z_loss s**2 at an eighth of the dtype's
+    largest number: the z-term and its gradient 2 z_loss lse p are large but finite; float16:
+    s = 900 at z_loss = 0.01), 'prob' (probability targets with exact zeros, a `where` mask on
+    the class that holds a logit far beyond the cap, label smoothing 0.2). Focal cases take
+    gamma 0.5 where they add no class vector."""
+    rng = plan.rng
+    focal = plan.info.is_focal
+    z, t = _beyond_cap_rows(rng, _far(plan))
+    hot = tuple(range(len(t)))
+    # the class weights (cross entropy) or alpha (focal), exact in every dtype
+    vector = np.array(_WEIGHTS[:6]) / (4.0 if focal else 1.0)
+    weights = {"alpha" if focal else "weight": vector}
+    gamma = {"gamma": 0.5} if focal else {}
+    # label smoothing puts mass on every class: the rows without -inf masks (there the true
+    # loss is infinite)
+    finite = np.all(np.isfinite(z), axis=-1)
+    hz, ht, hidden_hot = _hide(rng, z, t, 6)
+    sz, st = _typical(rng, 6, 5)
+    st[4] = -100
+    pt = _soft(rng, 5, 6)
+    pz = rng.standard_normal((5, 6)) * 3
+    where = np.ones((5, 6), dtype=bool)
+    where[:, 1] = False
+    pz[:, 1] = z[-2].max()  # the largest far logit, on the masked class
+    pz[2, 3] = -pz[0, 1]
+    if plan.full:
+        # every cap with every z_loss on the rows beyond the cap; the other kinds sampled
+        grid = [("beyond", cap, zl) for cap in (0.5, 1.0, 30.0, 1e4) for zl in (1e-4, 1e-2, 1.0)]
+        grid += [("hidden", 1.0, 1e-2), ("smoothed", 0.5, 1e-2), ("smoothed", 30.0, 1e-2)]
+        grid += [("prob", cap, zl) for cap in (1.0, 1e4) for zl in (1e-4, 1.0)]
+        grid += [("shift", cap, zl) for cap in (None, 1e4) for zl in (1e-4, 1e-2, 1.0)]
+    else:
+        grid = _LLM_HEAD_QUICK[plan.dtype]
+    for kind, cap, zl in grid:
+        head = {"z_loss": zl} if cap is None else {"softcap": cap, "z_loss": zl}
+        name = f"cap={cap:g} z_loss={zl:g}" if cap is not None else f"z_loss={zl:g}"
+        if kind == "beyond":
+            yield plan.case("llm_head", f"beyond {name}", z, t, {**head, **weights}, math.inf, hot)
+        elif kind == "hidden":
+            yield plan.case("llm_head", f"hidden {name}", hz, ht, {**head, **weights}, math.inf,
+                            hidden_hot)  # fmt: skip
+        elif kind == "smoothed":
+            opts = {**head, "label_smoothing": 0.1, "reduction": "sum", **gamma}
+            yield plan.case("llm_head", f"smoothed {name} eps=0.1 sum", z[finite], t[finite], opts,
+                            math.inf, tuple(range(int(finite.sum()))))  # fmt: skip
+        elif kind == "prob":
+            opts = {**head, "where": where, "label_smoothing": 0.2, **gamma}
+            yield plan.case("llm_head", f"prob where {name} eps=0.2", pz, pt, opts, 0.0, (2,))
+        else:
+            shift = _round_nice(math.sqrt(DTYPE_MAX[plan.dtype] / 8.0) / math.sqrt(zl))
+            yield plan.case("llm_head", f"shift={shift:.3g} {name}", sz + shift, st,
+                            {**head, **gamma}, 0.0, (0,))  # fmt: skip
+    if plan.full:
+        # a shift so large that lse rounds to the top logit in the working precision (float32
+        # for the half dtypes): log C is lost in lse, so p_j = exp(c_j - lse) would be 1 for
+        # every tied class; the z-gradient 2 z_loss lse p must form p from the shifted logits
+        work = "float32" if plan.dtype in ("float16", "bfloat16") else plan.dtype
+        bits = np.finfo(work).nmant + 8
+        if 2.0**bits < 0.5 * DTYPE_MAX[plan.dtype]:
+            az, at = _typical(rng, 4, 5)
+            yield plan.case("llm_head", f"shift=2**{bits} z_loss=0.01", az + 2.0**bits, at,
+                            {"z_loss": 1e-2, **gamma}, 0.0, (0,))  # fmt: skip
+
+
 # ----------------------------------------------------------------------------------------------
 # Sigmoid elements
 # ----------------------------------------------------------------------------------------------
@@ -566,6 +686,7 @@ GENERATORS: dict[str, dict[str, Callable[[_Plan], Iterator[Case]]]] = {
         "spatial": _softmax_spatial,
         "where": _softmax_where,
         "options": _softmax_options,
+        "llm_head": _softmax_llm_head,
     },
     "sigmoid": {
         "typical": _sigmoid_typical,

@@ -82,7 +82,7 @@ class Peer:
         return Implementation(
             self.title, self.framework, self.loss, raw if self.reduces else _reduced(raw),
             _translate(self.loss, self.options), self.imports, _expr(spelled, self.reduces),
-            **extra,
+            takes=self.options, **extra,
         )  # fmt: skip
 
     def timed_call(self, settings: dict | None = None) -> Callable:

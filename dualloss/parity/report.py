@@ -122,6 +122,8 @@ def terminal_summary(result: RunResult, max_failures: int = 10) -> str:
         out.append(f"COMPILE FAILURE (torch.compile, not the loss; eager works): {entry}")
     for entry in result.untested:
         out.append(f"NOT TESTED: {entry}")
+    for line in result.unsupported_lines():
+        out.append(f"UNSUPPORTED (not judged): {line}")
     config = result.config
     if config.get("devices"):
         out.append(f"devices: {', '.join(config['devices'])}")
@@ -416,6 +418,15 @@ def write_markdown(result: RunResult, directory: str) -> str:
             lines += [f"### {kind} ({len(group)})", ""]
             for f in group:
                 lines += ["```", f.describe(), "```", ""]
+    if result.unsupported:
+        lines += ["", "## Unsupported options", ""]
+        lines.append(
+            "Options an implementation does not take, or refuses with an exception where the "
+            "same call without them works: those calls are not judged (a peer's is not a "
+            "failure; dualloss's own backends take every option, so theirs leaves the run not "
+            "holding)."
+        )
+        lines += [""] + [f"- {line}" for line in result.unsupported_lines()]
     lines += ["", "## Diagnostics: differences between implementations, devices, modes", ""]
     lines.append(
         "Largest difference per pair on identical inputs, in ULPs of the dtype "

@@ -10,11 +10,12 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from .. import losses as _registry
 from . import backends as B
 from . import devices as D
 from .cases import LOSSES, Case, make_cases
@@ -23,6 +24,9 @@ from .tolerance import judge as _judge
 
 # the kinds of a call that was judged (the others: error, compile-error, skipped)
 JUDGED = ("ok", "non-finite", "accuracy", "writes input", ALL_IGNORED_NAN)
+# dualloss's own implementations: they take every option of their record, so an option they
+# lack or refuse does not leave the run holding
+OWN = ("torch_impl", "jax_impl", B.TRITON)
 
 
 @dataclass
@@ -110,6 +114,10 @@ class RunResult:
     untested: list[str] = field(default_factory=list)
     # torch.compile failures: the function compiles wrongly or not at all (its eager call works)
     compile_failures: list[str] = field(default_factory=list)
+    # options an implementation does not take (a peer) or refuses with an exception where the
+    # same call without them works: its cases with them are not judged, nor failed (DESIGN 14);
+    # one dict per implementation and loss: impl, loss, options, cases, regions, why, reproducer
+    unsupported: list[dict] = field(default_factory=list)
 
     @property
     def judged(self) -> int:
@@ -121,7 +129,26 @@ class RunResult:
         failed or raised."""
         if self.unavailable or self.untested or self.compile_failures or self.judged == 0:
             return False
+        if any(entry["impl"] in OWN for entry in self.unsupported):
+            return False
         return not self.failures and not any(r.kind == "error" for r in self.records)
+
+    def unsupported_lines(self) -> list[str]:
+        """One line per implementation and loss with options it lacks, with a reproducer of a
+        refusal where it raised."""
+        lines = []
+        for entry in self.unsupported:
+            line = (
+                f"{entry['impl']}.{entry['loss']}: option {', '.join(entry['options'])} "
+                f"({entry['cases']} calls of region {', '.join(entry['regions'])} not judged): "
+                f"{entry['why']}"
+            )
+            if entry["impl"] in OWN:
+                line += " [dualloss's own backend: this does not hold]"
+            if entry["reproducer"]:
+                line += f"\n      reproduce: {entry['reproducer']}"
+            lines.append(line)
+        return lines
 
     def to_json(self) -> dict:
         return {
@@ -129,6 +156,7 @@ class RunResult:
             "unavailable": self.unavailable,
             "untested": self.untested,
             "compile_failures": self.compile_failures,
+            "unsupported": _jsonable(self.unsupported),
             "config": self.config,
             "seconds": self.seconds,
             "notes": self.notes,
@@ -196,6 +224,38 @@ def evaluate(
         # a hazard of its own kind whatever the value (a user reads the input afterwards)
         return "writes input", judgement, outcome
     return judgement.kind, judgement, outcome
+
+
+def refused_options(impl, prep: B.Prepared, device: Any, compiled: bool) -> tuple[str, ...]:
+    """For a call that raised: the LLM head options of the case (``losses.HEAD_OPTIONS``, away
+    from their neutral value) without which the same call works, i.e. the options it refuses
+    as a whole feature; () when there are none or the call raises without them too."""
+    info = prep.case.info
+    names = tuple(
+        name for name in _registry.HEAD_OPTIONS
+        if name in prep.options and not info.option(name).is_neutral(prep.options[name])
+    )  # fmt: skip
+    if not names:
+        return ()
+    without = {k: v for k, v in prep.case.options.items() if k not in names}
+    plain = B.prepare(replace(prep.case, options=without), prep.dtype)
+    return names if evaluate(impl, plain, device, compiled)[0] != "error" else ()
+
+
+def _note_unsupported(result, impl, case, options, why, reproducer) -> None:
+    """Counts one call of `impl` not judged for lacking `options` in ``result.unsupported``."""
+    for entry in result.unsupported:
+        if (entry["impl"], entry["loss"]) == (impl.name, impl.loss):
+            entry["options"] = sorted(set(entry["options"]) | set(options))
+            entry["cases"] += 1
+            entry["regions"] = sorted(set(entry["regions"]) | {case.region})
+            if reproducer and not entry["reproducer"]:
+                entry["why"], entry["reproducer"] = why, reproducer
+            return
+    result.unsupported.append({
+        "impl": impl.name, "loss": impl.loss, "options": sorted(options), "cases": 1,
+        "regions": [case.region], "why": why, "reproducer": reproducer,
+    })  # fmt: skip
 
 
 COMPILED_MINIMISE_ROWS = 8
@@ -442,6 +502,17 @@ def run_matrix(
                 bar.step(f"{impl.name} {impl.loss} {dtype} {mode}",
                          case_cost(case, impl.backend, mode))  # fmt: skip
                 if kind == "skipped":
+                    # a case the function cannot express for an option it lacks (not for
+                    # its targets or shape: ``Implementation.supports``)
+                    missing = B.lacking(impl, prep.options) if impl.supports(prep) else ()
+                    if missing:
+                        _note_unsupported(result, impl, case, missing, "it does not take them",
+                                          "")  # fmt: skip
+                    continue
+                refused = refused_options(impl, prep, device, compiled) if kind == "error" else ()
+                if refused:
+                    _note_unsupported(result, impl, case, refused, f"it raised {outcome.error}",
+                                      B.reproducer(impl, prep, label))  # fmt: skip
                     continue
                 if kind == "compile-error":
                     compile_stopped[impl_key] = f"compile failure: {outcome.error}"
@@ -475,8 +546,15 @@ def run_matrix(
     bar.close()
     judged = {(r.impl, r.loss, r.device, r.mode) for r in result.records
               if r.kind in JUDGED}  # fmt: skip
+    # a peer whose every case needs an option it lacks is listed as unsupported, not untested
+    lacks = {(e["impl"], e["loss"]) for e in result.unsupported if e["impl"] not in OWN}
     for impl, label, _, mode in plan:
         if (impl.name, impl.loss, label, mode) in judged:
+            continue
+        if (impl.name, impl.loss) in lacks and not any(
+            r.impl == impl.name and r.loss == impl.loss and r.device == label and r.mode == mode
+            for r in result.records
+        ):
             continue
         if not any(subset(cases_by[(impl.loss, d)], impl, mode, d) for d in dtypes):
             # a second mode with no case planned at this level and these dtypes (quick: its

@@ -158,6 +158,28 @@ scale: ``log(p + 1e-8)`` returns 18.4 where a confidently wrong row's loss is 10
 allowance ~1e-4) with a vanishing gradient (error ~1 at entries of size ~1), and clamping the
 logits to +-1e3 is wrong by the margin beyond 1e3.
 
+LLM head options (practical; DESIGN 13, issue 30)
+-------------------------------------------------
+
+With ``softcap`` the loss is taken of c = cap tanh(z / cap) and every scale above is that of c
+(kappa_c from the capped logits); ``_head_option_scales`` adds:
+
+* z-loss z_loss lse(c)^2: lse has absolute error u (1 + |c_top| + |lse|), so the value gets
+  z_loss |lse| (|lse| + 2 (1 + |c_top| + |lse|)) and the gradient 2 z_loss lse p_j gets
+  2 z_loss p_j (|lse| (1 + kappa_j) + 1 + |c_top| + |lse|);
+* cap: the gradient w.r.t. z is dl/dc sech^2(z / cap), so the gradient scale is the one of c
+  times sech^2(x), x = z / cap, plus |dl/dc| (2 + 2 |tanh x| |x| sech^2(x)): sech^2 computed as
+  1 - tanh^2 (its usual form) carries 2 u absolutely, and moving z by u |z| (the
+  backward-stable allowance relative to z) moves it by 2 |tanh x| sech^2(x) |x| u. The focal
+  allowance of the gradient below comes back times sech^2(x) too. The value needs nothing
+  more: cap |tanh x| = |c| >= sech^2(x) |z|, so the |c| in kappa covers how far the inputs'
+  rounding moves c, and the value's backward-stable term below uses the spec's gradient w.r.t.
+  z (through the cap) times |z|.
+
+So a hand-written ``cap * tanh(z / cap)`` before ``F.cross_entropy`` passes where it is right
+(its 1 - tanh^2 is 0 in float32 beyond |x| = 9, where sech^2 < 6e-8: within the 2 u), and its
+-inf masks, which the cap turns into -cap, fail at the result's scale.
+
 Gradients w.r.t. targets and options (both standards; ``judge(input_grads=...)``)
 --------------------------------------------------------------------------------
 
@@ -341,9 +363,38 @@ def _softmax_scales(info, elements, options):
         big_v = v * (1.0 + kappa) * power_error
         sum_v = np.sum(big_v, axis=-1, keepdims=True) + extra * np.sum(v, axis=-1, keepdims=True)
         grad_scale = terms.p * (1.0 + kappa) * sum_v + big_v
+        value_scale, grad_scale = _head_option_scales(elements, value_scale, grad_scale, kappa, top)
         value_scale = np.where(elements.keep, value_scale, 0.0)
         grad_scale = np.where(elements.keep[..., None] & elements.valid, grad_scale, 0.0)
     return value_scale, np.moveaxis(grad_scale, -1, elements.axis)
+
+
+def _head_option_scales(elements, value_scale, grad_scale, kappa, top):
+    """The practical scales (in units of u, class axis last for the gradient) with what the LLM
+    head options add (DESIGN 13; unchanged without them), module docstring "LLM head options".
+
+    z-loss: lse carries the absolute error of the log-sum-exp, u (1 + |c_top| + |lse|); the
+    value z_loss lse^2 then moves by 2 z_loss |lse| times it plus its own rounding u z_loss lse^2,
+    its gradient 2 z_loss lse p_j by 2 z_loss (|lse| |dp_j| + p_j |dlse|), p_j with relative
+    error u (1 + kappa_j) as in the base. Cap: every scale above is in the capped logits c; the
+    gradient w.r.t. the logits is dl/dc times dc/dz = sech^2(x), x = z / cap, so its scale comes
+    back times sech^2(x), plus the error of sech^2 itself: 2 u absolute (1 - tanh^2, its usual
+    form, rounds tanh^2 near 1) and, backward-stable relative to z (z moved by u |z|), the
+    change 2 |tanh x| sech^2(x) |x| u, both times |dl/dc|. The value needs nothing more: the
+    shifted logits already carry |c|, and |c| = cap |tanh x| >= sech^2(x) |z|, what the
+    inputs' own rounding moves c by."""
+    terms = elements.terms
+    if elements.z_loss != 0.0:
+        lse = np.abs(np.where(np.isfinite(terms.lse), terms.lse, 0.0))[..., None]
+        dlse = 1.0 + top + lse
+        value_scale = value_scale + elements.z_loss * (lse * (lse + 2.0 * dlse))[..., 0]
+        grad_scale = grad_scale + 2.0 * elements.z_loss * terms.p * (lse * (1.0 + kappa) + dlse)
+    if elements.dcap is None:
+        return value_scale, grad_scale
+    raw = elements.logits
+    x = np.where(np.isfinite(raw), raw, 0.0) / elements.softcap
+    dcap_error = 2.0 + 2.0 * np.abs(np.tanh(x)) * np.abs(x) * elements.dcap
+    return value_scale, grad_scale * elements.dcap + np.abs(elements.capped_grad) * dcap_error
 
 
 def _sigmoid_scales(info, elements, options):
@@ -736,6 +787,9 @@ def judge(
             info, options, dtype, expected_value, expected_grad, intermediates, elements
         )
     all_ignored_nan = False
+    # what the candidate returned, as the report prints it (the NaN of an all-ignored batch is
+    # replaced below for the comparison only)
+    received_value = np.asarray(value, dtype=np.float64)
     if practical and reduction == "mean" and _mean_is_empty(intermediates):
         # 0 / 0: torch's NaN is a hazard of its own kind, not a non-finite failure (module
         # docstring); its gradients are judged as usual
@@ -774,7 +828,7 @@ def judge(
         dtype=dtype,
         options=called,
         expected_value=expected_value,
-        received_value=np.asarray(value, dtype=np.float64),
+        received_value=received_value,
         expected_grad=expected_grad,
         received_grad=None if grad is None else np.asarray(grad, dtype=np.float64),
         value_tolerance=value_tolerance,
@@ -863,6 +917,9 @@ def _textbook_focal_allowance(info, elements, options, u):
         dv = np.where(a == 0.0, 0.0, np.abs(v_of(shifted) - v_of(q)))
         dv = np.where(np.isfinite(dv), dv, 0.0)
         grad = p * np.sum(dv, axis=-1, keepdims=True) + dv
+        if elements.dcap is not None:
+            # the change in the capped logits' gradient, through the cap's derivative
+            grad = grad * elements.dcap
         value = np.where(elements.keep & np.isfinite(value), value, 0.0)
         grad = np.where(elements.keep[..., None] & elements.valid & np.isfinite(grad), grad, 0.0)
     return value, np.moveaxis(grad, -1, elements.axis)

@@ -471,8 +471,9 @@ def softmax_cross_entropy_grad(
     * 'weight' (needs `weight`): dL/dw_c = sum_i t~_ic g_ic (divided by N for 'mean' with
       probability targets). 'mean' with class indices divides by D = sum_i w_{y_i} over the kept
       targets, which depends on w (quotient rule): with S_c = sum_i t~_ic g_ic, n_c the kept
-      targets of class c, dL/dw_c = (S_c D_{-c} - n_c T_{-c}) / D^2, D_{-c} = sum_{k != c}
-      w_k n_k, T_{-c} = sum_{k != c} w_k S_k (the k = c terms cancel exactly and are left out).
+      targets of class c, dL/dw_c = (S_c D_{-c} - n_c (T_{-c} + Z)) / D^2, D_{-c} = sum_{k != c}
+      w_k n_k, T_{-c} = sum_{k != c} w_k S_k (the k = c terms cancel exactly and are left out),
+      Z = sum_i z_loss lse_i^2 the z-terms of the kept targets (unweighted, divided by D too).
     * 'label_smoothing': dl/deps = sum_c w_c (u_c - t_c) g_c (a scalar).
 
     Terms whose coefficient is 0 are 0 (0 log 0 = 0); a NaN or +inf logit gives NaN in its
@@ -758,13 +759,16 @@ def _softmax_input_grad(
         return np.moveaxis(grad, -1, axis)
     per_class = np.sum(grad.reshape(-1, grad.shape[-1]), axis=0)
     if wrt == "weight" and is_index and reduction == "mean":
-        # L = T / D with T = sum_k w_k S_k, D = sum_k w_k n_k; dL/dw_c = (S_c D - n_c T) / D^2,
-        # where the k = c terms cancel exactly: (S_c D_{-c} - n_c T_{-c}) / D^2
+        # L = T / D with T = sum_k w_k S_k + Z, D = sum_k w_k n_k, Z = sum_i z_loss lse_i^2 over
+        # the kept elements (unweighted, yet divided by D); dL/dw_c = (S_c D - n_c T) / D^2,
+        # where the k = c terms cancel exactly: (S_c D_{-c} - n_c (T_{-c} + Z)) / D^2
         if denominator == 0:
             return per_class * 0.0
         counts = np.sum(t.reshape(-1, t.shape[-1]), axis=0)
         other_weights = _sum_except_self(class_weight * counts)
         other_losses = _sum_except_self(class_weight * per_class)
+        if terms.z_term is not None:
+            other_losses = other_losses + np.sum(np.where(keep, terms.z_term, 0.0))
         # each product divided by D first: S_c D_{-c} alone overflows at losses near the
         # float64 range (confident rows at margin 1e305) where dL/dw_c is finite
         return (
