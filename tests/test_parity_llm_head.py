@@ -1,7 +1,9 @@
 """The parity run judges the LLM head options (DESIGN 13, issue 30): the ``llm_head`` region's
 cases, the options reaching every backend (a candidate that drops them fails), a peer that lacks
-them or a candidate that refuses them listed as unsupported (not failed), and the overflow the
-region found in torch_impl and the fused linear losses (strict xfails: they pass once fixed)."""
+them or a candidate that refuses them listed as unsupported (not failed), and regressions for
+what the region found: the z-term z_loss lse**2 formed as z_loss * (lse * lse) overflowed where it
+is finite (torch_impl and the fused linear losses), and torch's z-gradient took p_j from a rounded
+lse at tied logits far from 0."""
 
 from __future__ import annotations
 
@@ -174,15 +176,10 @@ def test_a_candidate_that_refuses_the_options_is_unsupported_with_a_reproducer()
 
 
 # ----------------------------------------------------------------------------------------------
-# What the region found (open: the files are another change's; these pass once they are fixed)
+# What the region found (regressions: each failed before its fix)
 # ----------------------------------------------------------------------------------------------
 
 SHIFT = {"float32": 6.5e19, "float64": 4.7e154, "bfloat16": 6.5e19}
-Z_OVERFLOW = (
-    "z_loss * (lse * lse) overflows where z_loss lse**2 is finite (lse = 6.5e19 in float32 and "
-    "bfloat16, computed in float32: lse**2 = 4.2e39; 4.7e154 in float64): form "
-    "(z_loss * lse) * lse"
-)
 
 
 def _shifted(dtype):
@@ -191,7 +188,6 @@ def _shifted(dtype):
     return logits, np.array([0, 3, 4])
 
 
-@pytest.mark.xfail(strict=True, reason="torch_impl/softmax.py's z-term: " + Z_OVERFLOW)
 @pytest.mark.parametrize("dtype", ["float32", "float64", "bfloat16"])
 def test_torch_z_term_is_finite_where_the_math_is(dtype):
     torch = pytest.importorskip("torch")
@@ -239,7 +235,6 @@ def _linear_inputs():
     return hidden, weight, np.array([0, 1])
 
 
-@pytest.mark.xfail(strict=True, reason="the fused linear losses' z-term: " + Z_OVERFLOW)
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_fused_linear_z_term_is_finite_where_the_math_is(backend):
     """torch_impl/linear.py and jax_impl's ``_softmax_head_terms`` (softmax.py, used by
@@ -270,13 +265,6 @@ def test_fused_linear_z_term_is_finite_where_the_math_is(backend):
     assert np.isfinite(value) and abs(value - expected) <= 1e-5 * expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch_impl/softmax.py's z-gradient forms p_j = exp(c_j - lse) from the rounded "
-    "lse: where lse absorbs log C (tied logits near 2**31 in float32) every p_j is "
-    "1, the z-gradient C times too large; JAX forms p from the shifted logits. The strict "
-    "standard's one-ULP input spread (ulp(2**31) = 256) forgives it, so the run cannot see it",
-)
 def test_torch_z_gradient_at_tied_logits_far_from_zero():
     """Five equal logits of 2**31 (exact in float32): p = 1/5 each, the z-gradient
     2 z_loss lse / 5 per class; JAX gives it (the same check below passes for JAX)."""

@@ -572,7 +572,7 @@ def _sharded_focal_terms(z, a, gamma, z_loss, axis_name):
     grad = p * _sharded_sum_except_self(v, offset, axis_name) - not_p * v
     if z_loss != 0.0:
         lse = z_top + log1p_s
-        loss = loss + z_loss * (lse * lse)[..., 0]
+        loss = loss + ((z_loss * lse) * lse)[..., 0]
         # d/dz_j lse^2 = 2 lse p_j: local
         grad = grad + (2.0 * z_loss) * lse * p
     return loss, grad

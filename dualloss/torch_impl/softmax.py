@@ -173,7 +173,7 @@ def _softmax_focal_terms(z, a, gamma, grad_loss, z_loss=0.0):
         if lse is None:
             return loss
         # z-loss: z_loss lse^2
-        return loss + z_loss * (lse * lse).squeeze(-1)
+        return loss + ((z_loss * lse) * lse).squeeze(-1)
     coefficient = _sum_except_self(v)
     if lse is not None:
         # z-loss: d/dz_j z_loss lse^2 = 2 z_loss lse p_j, in p_j's coefficient
@@ -229,7 +229,7 @@ def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss, z_loss=0.0):
         if z_loss != 0.0:
             # z-loss: z_loss lse^2, logsumexp(z) = z_top + log1p(s)
             lse = z_top + log1p_s
-            loss = loss + z_loss * (lse * lse)
+            loss = loss + (z_loss * lse) * lse
         return loss.squeeze(-1)
     coefficient = grad_loss.unsqueeze(-1) * v
     at_y = -not_p * coefficient
@@ -446,7 +446,7 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             lse = _target_lse(c, y, p, p_y, r, log_p_y)
             if keep is not None:
                 lse = torch.where(keep.unsqueeze(-1), lse, 0.0)
-            loss = loss + z_loss * (lse * lse)
+            loss = loss + (z_loss * lse) * lse
         else:
             lse = torch.zeros_like(r)
         loss = loss.squeeze(-1)
@@ -852,7 +852,7 @@ class _VocabParallel(torch.autograd.Function):
         # lse = z_top + log(exp(t) + s): the z-loss and ``return_aux``'s lse
         lse = z_top + log1p_s
         if z_loss != 0.0:
-            loss = loss + z_loss * (lse * lse)
+            loss = loss + (z_loss * lse) * lse
         loss, lse = loss.squeeze(-1), lse.squeeze(-1)
         if keep is not None:
             # ignored elements give 0, whatever their logits
