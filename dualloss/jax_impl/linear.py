@@ -27,25 +27,24 @@ from ._inputs import (
     _not_torch,
 )
 from .parallel import _class_shard, _sum_to_type_of
-from .softmax import _at, _log1m, _softmax_focal_terms, _softmax_head_terms
+from .softmax import _at, _log1m, _softcap, _softmax_focal_terms, _softmax_head_terms
 
 
-def _linear_parallel_refuses(label_smoothing, z_loss, softcap):
-    """What the class-sharded fused loss does not take (each would need more than three numbers
-    per row, or the dense block path): one sentence each."""
-    for name, value, neutral in (
-        ("label_smoothing", label_smoothing, 0.0),
-        ("z_loss", z_loss, 0.0),
-        ("softcap", softcap, None),
-    ):
-        if value != neutral:
-            raise ValueError(
-                f"`{name}` is not supported with `axis_name` (yet): pass {neutral}. "
-                f"Received: {name}={value!r}."
-            )
+def _linear_parallel_refuses(label_smoothing, gamma):
+    """What the class-sharded fused loss does not take: label smoothing with the focal loss's
+    gamma != 0 (each class's own focal term, summed over the slices after the row's statistics,
+    would need a third round of collectives per block); one sentence."""
+    if label_smoothing != 0.0 and gamma != 0.0:
+        raise ValueError(
+            "`label_smoothing` is not supported with `axis_name` for the focal loss with "
+            f"gamma != 0 (yet): pass 0.0. Received: label_smoothing={label_smoothing!r} "
+            f"with gamma={gamma!r}."
+        )
 
 
-def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, axis_name=None):
+def _linear_block(
+    z, y, a_y, kept, class_weight, gamma, label_smoothing, axis_name=None, head=(0.0, None)
+):  # fmt: skip
     """Loss of each row of the block's logits `z` (rows, V) and its gradient w.r.t. `z`.
 
     The identities of torch_impl's ``_linear_block`` (see it): e = exp(z - z_top), S_y the sum
@@ -53,17 +52,30 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, axis_na
     log(1 - p_y) = log r - log1p(r) (r <= 1) or log1p(-p_y), phi = -log1p(r) / r; the gradient
     p_j v_y off y and -(1 - p_y) v_y at y. Label smoothing (gamma = 0): a = (1 - eps) a_y
     onehot(y) + eps w / V, loss = sum_c a_c (log S - (z_c - z_top)), gradient p sum(a) - a.
+    `class_weight` is the global vector of the V classes (ones without one).
+
+    The LLM head options `head` = (z_loss, softcap) (DESIGN 13), taken here on the sharded path
+    (one device takes the dense block path): the cap is elementwise, c = softcap tanh(z /
+    softcap) (``softmax._softcap``), every term above is of c and the gradient comes back times
+    dc/dz = sech^2(z / softcap); the z-term z_loss lse^2 needs only the row's lse = z_top +
+    log S, its gradient 2 z_loss lse p_j adds 2 z_loss lse to each kept row's coefficient of p_j.
 
     With `axis_name` (inside ``shard_map``) `z` holds this device's contiguous slice of the
     classes along that mesh axis (y stays the global index); the row's numbers are reduced over
     the slices, three per row, as torch_impl's: z_top (pmax), then z_y - z_top from the slice
     that holds y (0 elsewhere) and S_y (psum). The closed forms above are functions of those:
-    the loss is the same on every device, the gradient's slice local. No label smoothing here
-    (``_linear_parallel_refuses``).
+    the loss is the same on every device, the gradient's slice local. Label smoothing needs one
+    number more per row, sum_c w_c (z_c - z_top) over every class, in the same psum.
     """
-    num_classes = z.shape[-1]
-    offset = 0 if axis_name is None else jax.lax.axis_index(axis_name) * num_classes
-    is_y = offset + jnp.arange(num_classes) == y[:, None]
+    z_loss, softcap = head
+    # soft-capping: the block's own logits, elementwise (inside shard_map, its slice)
+    z, dcap = _softcap(z, softcap)
+    num_local = z.shape[-1]
+    num_classes = class_weight.shape[0]
+    offset = 0 if axis_name is None else jax.lax.axis_index(axis_name) * num_local
+    is_y = offset + jnp.arange(num_local) == y[:, None]
+    # this slice's classes' weights (the vector is the global one)
+    weights = jax.lax.dynamic_slice_in_dim(class_weight, offset, num_local)
     # shift so that the largest logit is 0: exp cannot overflow; a NaN or +inf logit gives NaN
     z_top = jnp.max(z, axis=-1, keepdims=True)
     if axis_name is not None:
@@ -76,57 +88,72 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, axis_na
         shifted_y = jnp.sum(jnp.where(is_y, shifted, 0.0), axis=-1, keepdims=True)
     e = jnp.where(is_y, 0.0, jnp.exp(shifted))
     others = jnp.sum(e, axis=-1, keepdims=True)
+    spread = None
+    if label_smoothing != 0.0:
+        spread = jnp.sum(shifted * weights, axis=-1, keepdims=True)
     if axis_name is not None:
-        # z_y - z_top from the slice that holds y (the others add 0) and S_y, the sum of the
-        # other classes' exponentials over every slice (one psum of two numbers per row)
-        shifted_y, others = jax.lax.psum((shifted_y, others), axis_name)
+        # z_y - z_top from the slice that holds y (the others add 0), S_y, the sum of the other
+        # classes' exponentials over every slice and, with label smoothing, sum_c w_c (z_c -
+        # z_top) over every slice's classes (one psum of two or three numbers per row)
+        shifted_y, others, spread = jax.lax.psum((shifted_y, others, spread), axis_name)
     e_y = jnp.exp(shifted_y)
     total = others + e_y
     log_total = jnp.log(total)
     a_y = a_y[:, None]
     kept = kept[:, None]
+    z_mass = 0.0
+    if z_loss != 0.0:
+        # the row's log-sum-exp (over every slice): z_top + log S; kept rows only
+        lse = z_top + log_total
+        z_term = jnp.where(kept != 0.0, z_loss * lse * lse, 0.0)
+        # d/dc_j z_loss lse^2 = 2 z_loss lse p_j: one more share of every p_j
+        z_mass = jnp.where(kept != 0.0, 2.0 * z_loss * lse, 0.0)
     if label_smoothing != 0.0:
         # the eps share of the mass sits on every class: no one-hot shortcut for the loss
         uniform = label_smoothing / num_classes
-        spread = jnp.sum(shifted * class_weight, axis=-1, keepdims=True)
         weight_sum = jnp.sum(class_weight)
         mass = (1.0 - label_smoothing) * a_y + uniform * weight_sum * kept
         loss = (1.0 - label_smoothing) * a_y * (log_total - shifted_y)
         loss = loss + uniform * kept * (weight_sum * log_total - spread)
-        a = (1.0 - label_smoothing) * a_y * is_y + uniform * kept * class_weight
-        grad = jnp.where(is_y, e_y, e) / total * mass - a
-        return loss[:, 0], grad
-    has_y = e_y > 0.0
-    r = others / jnp.where(has_y, e_y, 1.0)
-    small = has_y & (r <= 1.0)
-    log1p_r = jnp.log1p(jnp.where(small, r, 0.0))
-    log_p = jnp.where(small, -log1p_r, shifted_y - log_total)
-    p = e_y / total
-    not_p = others / total
-    if gamma == 0.0:
-        # (1 - p)^0 = 1, also at p = 1
-        focal_weight = None
-        v = a_y
+        a = (1.0 - label_smoothing) * a_y * is_y + uniform * kept * weights
+        grad = jnp.where(is_y, e_y, e) / total * (mass + z_mass) - a
     else:
-        safe_r = jnp.where(small & (r > 0.0), r, 1.0)
-        log_not_p = jnp.where(
-            small,
-            jnp.where(r > 0.0, jnp.log(safe_r), -jnp.inf) - log1p_r,
-            _log1m(jnp.where(small, 0.0, p)),
-        )
-        # (1 - p)^gamma = exp(gamma log(1 - p))
-        focal_weight = jnp.exp(gamma * log_not_p)
-        eps = jnp.finfo(z.dtype).eps
-        is_big = r > eps
-        phi = jnp.where(is_big, -log1p_r / jnp.where(is_big, r, 1.0), r / 2.0 - 1.0)
-        rest = jnp.where(has_y & ~small, p * log_p / jnp.where(small, 1.0, not_p), 0.0)
-        phi = jnp.where(small, phi, rest)
-        v = a_y * focal_weight * (1.0 - gamma * phi)
-    # 0 log 0 = 0: no target mass (ignored row, zero weight) contributes nothing
-    weighted = a_y if focal_weight is None else a_y * focal_weight
-    loss = -jnp.where(a_y == 0.0, 0.0, weighted * log_p)
-    # p_j v off y, -(1 - p_y) v_y at y: 1 - p_y = S_y / S
-    grad = jnp.where(is_y, -not_p * v, e * (v / total))
+        has_y = e_y > 0.0
+        r = others / jnp.where(has_y, e_y, 1.0)
+        small = has_y & (r <= 1.0)
+        log1p_r = jnp.log1p(jnp.where(small, r, 0.0))
+        log_p = jnp.where(small, -log1p_r, shifted_y - log_total)
+        p = e_y / total
+        not_p = others / total
+        if gamma == 0.0:
+            # (1 - p)^0 = 1, also at p = 1
+            focal_weight = None
+            v = a_y
+        else:
+            safe_r = jnp.where(small & (r > 0.0), r, 1.0)
+            log_not_p = jnp.where(
+                small,
+                jnp.where(r > 0.0, jnp.log(safe_r), -jnp.inf) - log1p_r,
+                _log1m(jnp.where(small, 0.0, p)),
+            )
+            # (1 - p)^gamma = exp(gamma log(1 - p))
+            focal_weight = jnp.exp(gamma * log_not_p)
+            eps = jnp.finfo(z.dtype).eps
+            is_big = r > eps
+            phi = jnp.where(is_big, -log1p_r / jnp.where(is_big, r, 1.0), r / 2.0 - 1.0)
+            rest = jnp.where(has_y & ~small, p * log_p / jnp.where(small, 1.0, not_p), 0.0)
+            phi = jnp.where(small, phi, rest)
+            v = a_y * focal_weight * (1.0 - gamma * phi)
+        # 0 log 0 = 0: no target mass (ignored row, zero weight) contributes nothing
+        weighted = a_y if focal_weight is None else a_y * focal_weight
+        loss = -jnp.where(a_y == 0.0, 0.0, weighted * log_p)
+        # p_j v off y, -(1 - p_y) v_y at y: 1 - p_y = S_y / S; the z-term's 2 z_loss lse p_j
+        grad = jnp.where(is_y, -not_p * v + z_mass * p, e * ((v + z_mass) / total))
+    if z_loss != 0.0:
+        loss = loss + z_term
+    if dcap is not None:
+        # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+        grad = grad * dcap
     return loss[:, 0], grad
 
 
@@ -161,14 +188,15 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     Each block's (rows, V) logits are formed in the compute dtype (float32 for half inputs) and
     their gradient G mapped through the layer at once: dh = G w^T, dw += h^T G, db += sum G,
     accumulated in the compute dtype. The focal loss with label smoothing takes the softmax
-    losses' dense path (``_softmax_focal_terms``), and so do the LLM head options (z_loss,
-    softcap: ``_softmax_head_terms``, DESIGN 13), applied to each block's logits, never to an
-    (N, V) array. The rows are padded to a whole number of
-    blocks with ignored rows (a_y = kept = 0). With `axis_name` (static, inside ``shard_map``)
-    `w` and `b` are this device's slice of the classes: each block's row numbers are reduced
-    over the slices (``_linear_block``), dw and db stay local, and dh = G w^T is this slice's
-    part of the hidden gradient, added over the slices with one psum of the (N, H) dh after the
-    scan (Megatron's column-parallel linear does the same in its backward). Returns (loss, dh,
+    losses' dense path (``_softmax_focal_terms``), and so do, on one device, the LLM head
+    options (z_loss, softcap: ``_softmax_head_terms``, DESIGN 13; over a mesh axis
+    ``_linear_block`` takes them), applied to each block's logits, never to an (N, V) array.
+    The rows are padded to a whole number of blocks with ignored rows (a_y = kept = 0). With
+    `axis_name` (static, inside ``shard_map``) `w` and `b` are this device's slice of the
+    classes: each block's row numbers are reduced over the slices (``_linear_block``, the class
+    vector the global one), dw and db stay local, and dh = G w^T is this slice's part of the
+    hidden gradient, added over the slices with one psum of the (N, H) dh after the scan
+    (Megatron's column-parallel linear does the same in its backward). Returns (loss, dh,
     dw, db), the gradients None without `grad_loss`, db None without `b`.
     """
     gamma, label_smoothing, rows, _, z_loss, softcap, axis_name = static
@@ -185,7 +213,11 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     if not narrow:
         w = w.astype(dtype)
     b = None if b is None else b.astype(dtype)
-    weights = jnp.ones(num_classes, dtype) if class_weight is None else class_weight
+    num_total = num_classes
+    if axis_name is not None:
+        # V over every slice of the mesh axis: the class vector is the global one
+        _, num_total = _class_shard(axis_name, num_classes)
+    weights = jnp.ones(num_total, dtype) if class_weight is None else class_weight
     num_blocks = -(-num_rows // rows)
     pad = num_blocks * rows - num_rows
 
@@ -204,7 +236,8 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
         z = _dot(h_block, w, dtype)
         if b is not None:
             z = z + b
-        if (gamma != 0.0 and label_smoothing != 0.0) or head:
+        # one device: the LLM head options take the dense path; over a mesh axis, the block's own
+        if (gamma != 0.0 and label_smoothing != 0.0) or (head and axis_name is None):
             # t~ = (1 - eps) onehot(y) + eps / V on the kept rows, times the class weights
             one_hot = (jnp.arange(num_classes) == y_block[:, None]).astype(dtype)
             t = (1.0 - label_smoothing) * one_hot + label_smoothing / num_classes
@@ -220,8 +253,9 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
             loss = loss + 0.0 * a_block
         else:
             loss, grad = _linear_block(
-                z, y_block, a_block, kept_block, weights, gamma, label_smoothing, axis_name
-            )
+                z, y_block, a_block, kept_block, weights, gamma, label_smoothing, axis_name,
+                (z_loss, softcap),
+            )  # fmt: skip
         if not with_grad:
             return carry, (loss, None)
         grad = grad * scale_block[:, None]
@@ -364,16 +398,16 @@ def _linear_softmax(
         hidden.shape, linear_weight.shape, bias_shape, targets.shape, 1
     )
     num_classes = num_local
-    if axis_name is not None:
-        _linear_parallel_refuses(label_smoothing, z_loss, softcap)
-        # V over every slice of the mesh axis (an unbound name raises here)
-        _, num_classes = _class_shard(axis_name, num_local)
     chunk_size = _checks.chunk_size(chunk_size)
     ignore_index = _checks.ignore_index(ignore_index)
     # static here (they select the block's code path): Python numbers
     label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
     if is_focal:
         gamma = _checks.gamma(gamma)
+    if axis_name is not None:
+        _linear_parallel_refuses(label_smoothing, gamma)
+        # V over every slice of the mesh axis (an unbound name raises here)
+        _, num_classes = _class_shard(axis_name, num_local)
     z_loss = _checks.z_loss(z_loss)
     softcap = _checks.softcap(softcap)
     dtype = _compute_dtype(hidden.dtype)
@@ -407,6 +441,7 @@ def _linear_softmax(
         # the dense path (focal with label smoothing) holds ~8 temporaries per block
         dense = is_focal and gamma != 0.0 and label_smoothing != 0.0
         dense = dense or z_loss != 0.0 or softcap is not None
+        # (over a mesh axis the options take the block path, whose budget this keeps too)
         budget = (1 << 19) if dense else _block_budget()
         chunk_size = _checks.default_chunk_size(h.shape[0], num_local, budget)
     rows = min(chunk_size, max(h.shape[0], 1))
@@ -468,11 +503,12 @@ def linear_softmax_cross_entropy(
     (shard_map's even slices, in axis order), `hidden`, `targets` (GLOBAL class indices),
     `weight` (the global length-V vector) and `normalizer` the same on every device of the
     axis. Each block crosses the axis with three numbers per row (pmax of the largest logit,
-    psum of the target's shifted logit and of the other classes' sum of exponentials); the
-    loss is the same on every device, the gradients of `linear_weight` and `bias` the local
-    slice of the full ones, and the gradient of `hidden` the full one: one psum of the (N, H)
-    gradient per call (as Megatron's column-parallel linear in its backward).
-    `label_smoothing`, `z_loss` and `softcap` raise with `axis_name`.
+    psum of the target's shifted logit and of the other classes' sum of exponentials; with
+    `label_smoothing` the same psum carries the row's class-weighted sum of logits); `softcap`
+    is applied to each device's logits, `z_loss` takes the row's log-sum-exp from those
+    numbers. The loss is the same on every device, the gradients of `linear_weight` and `bias`
+    the local slice of the full ones, and the gradient of `hidden` the full one: one psum of
+    the (N, H) gradient per call (as Megatron's column-parallel linear in its backward).
     """
     return _linear_softmax(
         hidden,
@@ -513,7 +549,8 @@ def linear_softmax_focal_loss(
     """Softmax focal loss of hidden @ linear_weight + bias without the (N, V) logits
     (``spec.linear_softmax_focal_loss``); blocks, dtypes and gradients as
     ``linear_softmax_cross_entropy`` (a vector `alpha` gets a NaN gradient). `axis_name`: the
-    classes split over a mesh axis as ``linear_softmax_cross_entropy``'s (`alpha` global)."""
+    classes split over a mesh axis as ``linear_softmax_cross_entropy``'s (`alpha` global;
+    `label_smoothing` with gamma != 0 raises there)."""
     return _linear_softmax(
         hidden,
         linear_weight,
