@@ -30,10 +30,16 @@ from .parallel import _class_shard, _sum_to_type_of
 from .softmax import _at, _log1m, _softcap, _softmax_focal_terms, _softmax_head_terms
 
 
-def _linear_parallel_refuses(label_smoothing, gamma):
+def _linear_parallel_refuses(label_smoothing, gamma, return_aux):
     """What the class-sharded fused loss does not take: label smoothing with the focal loss's
     gamma != 0 (each class's own focal term, summed over the slices after the row's statistics,
-    would need a third round of collectives per block); one sentence."""
+    would need a third round of collectives per block), `return_aux` (the argmax over the
+    slices); one sentence."""
+    if return_aux:
+        raise ValueError(
+            "`return_aux` is not supported with `axis_name` (yet): pass False. "
+            "Received: return_aux=True."
+        )
     if label_smoothing != 0.0 and gamma != 0.0:
         raise ValueError(
             "`label_smoothing` is not supported with `axis_name` for the focal loss with "
@@ -196,10 +202,13 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     classes: each block's row numbers are reduced over the slices (``_linear_block``, the class
     vector the global one), dw and db stay local, and dh = G w^T is this slice's part of the
     hidden gradient, added over the slices with one psum of the (N, H) dh after the scan
-    (Megatron's column-parallel linear does the same in its backward). Returns (loss, dh,
-    dw, db), the gradients None without `grad_loss`, db None without `b`.
+    (Megatron's column-parallel linear does the same in its backward). With `aux`
+    (static), ``return_aux``'s per-row numbers come out of the same scan, from each block's
+    logits: logsumexp of the capped logits and whether the largest logit (the first on ties) is
+    the target (1.0 / 0.0). Returns (loss, dh, dw, db, stats), the gradients None without
+    `grad_loss`, db None without `b`, stats (lse, correct) or None.
     """
-    gamma, label_smoothing, rows, _, z_loss, softcap, axis_name = static
+    gamma, label_smoothing, rows, _, z_loss, softcap, axis_name, aux = static
     head = z_loss != 0.0 or softcap is not None
     dtype = _compute_dtype(h.dtype)
     num_rows, size = h.shape
@@ -237,6 +246,12 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
         if b is not None:
             z = z + b
         # one device: the LLM head options take the dense path; over a mesh axis, the block's own
+        stats = None
+        if aux:
+            # return_aux (DESIGN 13): the row's lse of c and whether its top logit is the target
+            c = z if softcap is None else _softcap(z, softcap)[0]
+            correct = jnp.argmax(z, axis=-1) == y_block
+            stats = (jax.nn.logsumexp(c, axis=-1), correct.astype(dtype))
         if (gamma != 0.0 and label_smoothing != 0.0) or (head and axis_name is None):
             # t~ = (1 - eps) onehot(y) + eps / V on the kept rows, times the class weights
             one_hot = (jnp.arange(num_classes) == y_block[:, None]).astype(dtype)
@@ -257,7 +272,7 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
                 (z_loss, softcap),
             )  # fmt: skip
         if not with_grad:
-            return carry, (loss, None)
+            return carry, (loss, None, stats)
         grad = grad * scale_block[:, None]
         dw, db = carry
         parts = _split(grad, w.dtype) if narrow else (grad,)
@@ -265,7 +280,7 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
         db = None if db is None else db + jnp.sum(grad, axis=0)
         dh = sum(_dot(part, w.T, dtype) for part in parts)
         # over a mesh axis the slices' parts are summed first, in the compute dtype
-        return (dw, db), (loss, dh.astype(h.dtype if axis_name is None else dtype))
+        return (dw, db), (loss, dh.astype(h.dtype if axis_name is None else dtype), stats)
 
     init = None
     if with_grad:
@@ -277,15 +292,17 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
             jnp.zeros_like(w, dtype=dtype) + zero,
             None if b is None else jnp.zeros_like(b) + zero,
         )
-    carry, (loss, dh) = jax.lax.scan(step, init, xs)
+    carry, (loss, dh, stats) = jax.lax.scan(step, init, xs)
     loss = loss.reshape(-1)[:num_rows]
+    if stats is not None:
+        stats = tuple(jax.lax.stop_gradient(x.reshape(-1)[:num_rows]) for x in stats)
     if not with_grad:
-        return loss, None, None, None
+        return loss, None, None, None, stats
     dw, db = carry
     if axis_name is not None:
         # dh = sum over the slices of G_r w_r^T: one psum of (N, H) per call
         dh = jax.lax.psum(dh, axis_name).astype(h.dtype)
-    return loss, dh.reshape(-1, size)[:num_rows], dw, db
+    return loss, dh.reshape(-1, size)[:num_rows], dw, db, stats
 
 
 def _nan_like(x):
@@ -298,21 +315,25 @@ def _nan_like(x):
 def _linear_sum(h, w, b, y, a_y, kept, class_weight, row_scale, static):
     """sum_i row_scale l_i (reductions 'mean' and 'sum'); its VJP computes the gradients in the
     forward pass (3 matrix products per block, as the unfused loss) and scales them."""
-    loss, *_ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
-    return jnp.sum(loss * row_scale)
+    loss, _, _, _, stats = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
+    total = jnp.sum(loss * row_scale)
+    return total if stats is None else (total, stats)
 
 
 def _linear_sum_fwd(h, w, b, y, a_y, kept, class_weight, row_scale, static):
     grad_loss = jnp.broadcast_to(row_scale, y.shape)
-    loss, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static)
+    loss, dh, dw, db, stats = _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static)
     # empty slices of the inputs: their types (under shard_map, the axes they vary along)
     types = tuple(None if x is None else x.reshape(-1)[:0] for x in (h, w, b))
     residuals = (dh, dw, db, y, a_y, kept, class_weight, row_scale, types)
-    return jnp.sum(loss * row_scale), residuals
+    total = jnp.sum(loss * row_scale)
+    return (total if stats is None else (total, stats)), residuals
 
 
 def _linear_sum_bwd(static, residuals, g):
     dh, dw, db, y, a_y, kept, class_weight, row_scale, (h, w, b) = residuals
+    # return_aux's statistics take no gradient: their cotangent is dropped
+    g = g[0] if static[7] else g
     # scaled in the compute dtype, then rounded once to the inputs' dtypes; summed over the mesh
     # axes an input is replicated along (the weight over a data axis; nothing outside shard_map)
     w_dtype, b_dtype = static[3]
@@ -335,18 +356,23 @@ _linear_sum.defvjp(_linear_sum_fwd, _linear_sum_bwd)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _linear_rows(h, w, b, y, a_y, kept, class_weight, static):
     """The per-row losses (reduction 'none'); its VJP recomputes the blocks with the row factors."""
-    loss, *_ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
-    return loss
+    loss, _, _, _, stats = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
+    return loss if stats is None else (loss, stats)
 
 
 def _linear_rows_fwd(h, w, b, y, a_y, kept, class_weight, static):
-    loss, *_ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
-    return loss, (h, w, b, y, a_y, kept, class_weight)
+    loss, _, _, _, stats = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
+    out = loss if stats is None else (loss, stats)
+    return out, (h, w, b, y, a_y, kept, class_weight)
 
 
 def _linear_rows_bwd(static, residuals, g):
     h, w, b, y, a_y, kept, class_weight = residuals
-    _, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, g, static)
+    # return_aux's statistics take no gradient: their cotangent is dropped
+    g = g[0] if static[7] else g
+    # the blocks recomputed without the statistics
+    static = (*static[:7], False)
+    _, dh, dw, db, _ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, g, static)
     # summed over the mesh axes an input is replicated along (nothing outside shard_map)
     dh = _sum_to_type_of(dh, h)
     dw = _sum_to_type_of(dw, w).astype(w.dtype)
@@ -373,6 +399,7 @@ def _linear_softmax(
     softcap,
     chunk_size,
     axis_name=None,
+    return_aux=False,
 ):
     """Validates the fused loss's arguments and applies the row-block scan to the rows of
     `hidden` (``spec._linear_softmax``, without its (N, V) logits); with `axis_name`,
@@ -404,8 +431,9 @@ def _linear_softmax(
     label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
     if is_focal:
         gamma = _checks.gamma(gamma)
+    return_aux = _checks.return_aux(return_aux)
     if axis_name is not None:
-        _linear_parallel_refuses(label_smoothing, gamma)
+        _linear_parallel_refuses(label_smoothing, gamma, return_aux)
         # V over every slice of the mesh axis (an unbound name raises here)
         _, num_classes = _class_shard(axis_name, num_local)
     z_loss = _checks.z_loss(z_loss)
@@ -446,9 +474,14 @@ def _linear_softmax(
         chunk_size = _checks.default_chunk_size(h.shape[0], num_local, budget)
     rows = min(chunk_size, max(h.shape[0], 1))
     dtypes = (linear_weight.dtype, None if bias is None else bias.dtype)
-    static = (gamma, label_smoothing, rows, dtypes, z_loss, softcap, axis_name)
+    static = (gamma, label_smoothing, rows, dtypes, z_loss, softcap, axis_name, return_aux)
     if reduction == "none":
         loss = _linear_rows(h, linear_weight, bias, y_safe, a_y, kept, class_weight, static)
+        if return_aux:
+            loss, stats = loss
+            aux = _linear_aux(*stats, keep, z_loss, reduction, None, targets.shape)
+            aux = {key: value.astype(hidden.dtype) for key, value in aux.items()}
+            return loss.reshape(targets.shape).astype(hidden.dtype), aux
         return loss.reshape(targets.shape).astype(hidden.dtype)
     if normalizer is not None:
         # the given divisor of the mean (a constant)
@@ -468,7 +501,29 @@ def _linear_softmax(
         row_scale = jnp.ones((), dtype)
     row_scale = row_scale.astype(dtype)
     loss = _linear_sum(h, linear_weight, bias, y_safe, a_y, kept, class_weight, row_scale, static)
+    if return_aux:
+        loss, stats = loss
+        aux = _linear_aux(*stats, keep, z_loss, reduction, normalizer, targets.shape)
+        aux = {key: value.astype(hidden.dtype) for key, value in aux.items()}
+        return loss.astype(hidden.dtype), aux
     return loss.astype(hidden.dtype)
+
+
+def _linear_aux(lse, correct, keep, z_loss, reduction, normalizer, shape):
+    """``return_aux``'s statistics (``spec._linear_aux``) from the per-row lse and correct of
+    the block scan: 0 where not kept, z_term = z_loss lse^2, reduced as the spec says (the kept
+    rows' mean, or over `normalizer`)."""
+    lse = jnp.where(keep, lse, 0.0)
+    stats = {"lse": lse, "z_term": z_loss * lse * lse, "correct": jnp.where(keep, correct, 0.0)}
+    if reduction == "none":
+        return {key: value.reshape(shape) for key, value in stats.items()}
+    sums = {key: jnp.sum(value) for key, value in stats.items()}
+    if reduction == "sum" and normalizer is None:
+        return sums
+    divisor = jnp.sum(keep) if normalizer is None else jnp.asarray(normalizer, lse.dtype)
+    nonzero = divisor != 0
+    scale = jnp.where(nonzero, 1.0 / jnp.where(nonzero, divisor, 1.0), 0.0)
+    return {key: value * scale for key, value in sums.items()}
 
 
 def linear_softmax_cross_entropy(
@@ -485,8 +540,9 @@ def linear_softmax_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    return_aux: bool = False,
     axis_name: Hashable | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, dict]:
     """Softmax cross entropy of hidden @ linear_weight + bias without the (N, V) logits
     (``spec.linear_softmax_cross_entropy``); `linear_weight` (H, V) as the spec.
 
@@ -526,6 +582,7 @@ def linear_softmax_cross_entropy(
         softcap,
         chunk_size,
         axis_name,
+        return_aux,
     )
 
 
@@ -544,8 +601,9 @@ def linear_softmax_focal_loss(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    return_aux: bool = False,
     axis_name: Hashable | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, dict]:
     """Softmax focal loss of hidden @ linear_weight + bias without the (N, V) logits
     (``spec.linear_softmax_focal_loss``); blocks, dtypes and gradients as
     ``linear_softmax_cross_entropy`` (a vector `alpha` gets a NaN gradient). `axis_name`: the
@@ -567,4 +625,5 @@ def linear_softmax_focal_loss(
         softcap,
         chunk_size,
         axis_name,
+        return_aux,
     )

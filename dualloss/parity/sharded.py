@@ -28,7 +28,9 @@ process_group=...)`` (torch) returns ``f(logits, targets, **kwargs)`` of the glo
 a subprocess with 8 forced host devices; torch ``process_group=`` in 2 and 4 gloo processes and a
 DTensor sharded on the class dim) over the softmax losses' cases, each judged against the spec
 with the strict standard and compared entry by entry with the unsharded backend on the same
-inputs to the same tolerance. Imports no framework at import time.
+inputs to the same tolerance; and the fused linear losses' sharded paths (``_linear_sharded``:
+torch ``process_group=`` on 2 ranks, JAX ``axis_name=`` on 2 host devices) judged with their own
+bound (``parity.linear``). Imports no framework at import time.
 """
 
 from __future__ import annotations

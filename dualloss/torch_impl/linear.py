@@ -23,7 +23,9 @@ from ._inputs import (
     _dtype_name,
     _gamma,
     _is_index,
+    _mean_divisor,
     _normalizer,
+    _reduce,
     _unit_interval,
     _values_are_concrete,
 )
@@ -31,10 +33,16 @@ from .parallel import _class_slice, _process_group
 from .softmax import _softcap, _softmax_loss_or_grad
 
 
-def _linear_parallel_refuses(label_smoothing, gamma):
+def _linear_parallel_refuses(label_smoothing, gamma, return_aux):
     """What the class-sharded fused loss does not take: label smoothing with the focal loss's
     gamma != 0 (each class's own focal term, summed over ranks after the row's statistics, would
-    need a third round of collectives per block); raised alike on every rank."""
+    need a third round of collectives per block), `return_aux` (the argmax over ranks); raised
+    alike on every rank."""
+    if return_aux:
+        raise ValueError(
+            "`return_aux` is not supported with `process_group` (yet): pass False. "
+            "Received: return_aux=True."
+        )
     if label_smoothing != 0.0 and gamma != 0.0:
         raise ValueError(
             "`label_smoothing` is not supported with `process_group` for the focal loss with "
@@ -204,7 +212,7 @@ def _linear_block(
 
 def _linear_chunks(
     h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, head, rows, grad_loss,
-    kernel=False, shard=None,
+    kernel=False, shard=None, stats=None,
 ):  # fmt: skip
     """The per-row losses of logits = h w^T + b, one block of `rows` rows at a time, and (with
     `grad_loss`, per-row factors) the gradients of sum_i grad_loss_i l_i w.r.t. h, w and b.
@@ -225,8 +233,11 @@ def _linear_chunks(
     smoothing) and dh = G w is this
     slice's part of the hidden gradient: the parts are added with one all-reduce SUM of the
     (N, H) dh after the last block, in the compute dtype (Megatron's column-parallel linear
-    does the same in its backward); dw and db stay local. Returns (loss, dh, dw, db); the
-    gradients None without `grad_loss`, db None without `b`.
+    does the same in its backward); dw and db stay local. With `stats` = (lse, correct), (N,)
+    buffers, ``return_aux``'s per-row numbers are written there from each block's logits
+    before they turn into its gradient: logsumexp of the capped logits, and whether the largest
+    logit (the first on ties) is the target. Returns (loss, dh, dw, db); the gradients None
+    without `grad_loss`, db None without `b`.
     """
     dtype = _compute_dtype(h.dtype)
     num_rows = h.shape[0]
@@ -261,6 +272,11 @@ def _linear_chunks(
         else:
             torch.addmm(b, h_block, w.T, out=z)
         block_grad = None if grad_loss is None else grad_loss[start : start + rows]
+        if stats is not None:
+            # return_aux (DESIGN 13): the row's lse of c and whether its top logit is the target
+            c = z if softcap is None else _softcap(z, softcap)[0]
+            stats[0][start : start + rows] = torch.logsumexp(c, dim=-1)
+            stats[1][start : start + rows] = torch.argmax(z, dim=-1) == y_block
         if kernel is not None:
             kernel(z, y_block, class_weight, gamma, ignore_index, loss[start : start + rows],
                    None if block_grad is None else block_grad.to(dtype))  # fmt: skip
@@ -324,29 +340,36 @@ class _LinearSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, w, b, y, class_weight, row_scale, options):
-        gamma, ignore_index, label_smoothing, head, rows, per_row, shard = options
+        gamma, ignore_index, label_smoothing, head, rows, per_row, shard, aux = options
         needs = any(ctx.needs_input_grad[:3])
         grad_loss = None
         if needs and not per_row:
             grad_loss = row_scale.expand(h.shape[0])
         ctx.kernel = shard is None and _linear_takes_triton(h, class_weight, label_smoothing, head)
+        stats = None
+        if aux:
+            # return_aux's per-row lse and correct, from the same pass (no gradient)
+            lse = torch.empty(h.shape[0], dtype=_compute_dtype(h.dtype), device=h.device)
+            stats = (lse, torch.empty(h.shape[0], dtype=torch.bool, device=h.device))
         loss, dh, dw, db = _linear_chunks(
             h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, head, rows, grad_loss,
-            ctx.kernel, shard,
+            ctx.kernel, shard, stats,
         )  # fmt: skip
         ctx.save_for_backward(h, w, b, y, class_weight, row_scale)
         ctx.options = options
         ctx.precomputed = None if grad_loss is None else (dh, dw, db)
-        if per_row:
-            return loss
         # each term divided before summing: 0 when nothing is kept (row_scale 0)
-        return (loss * row_scale).sum()
+        out = loss if per_row else (loss * row_scale).sum()
+        if stats is None:
+            return out
+        ctx.mark_non_differentiable(*stats)
+        return (out, *stats)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
+    def backward(ctx, grad_output, *_):
         h, w, b, y, class_weight, row_scale = ctx.saved_tensors
-        gamma, ignore_index, label_smoothing, head, rows, per_row, shard = ctx.options
+        gamma, ignore_index, label_smoothing, head, rows, per_row, shard, _ = ctx.options
         if ctx.precomputed is not None:
             dh, dw, db = ctx.precomputed
             ctx.precomputed = None
@@ -384,6 +407,7 @@ def _linear_softmax(
     softcap,
     chunk_size,
     process_group=None,
+    return_aux=False,
 ):
     """Validates the fused loss's arguments and applies ``_LinearSoftmax`` to the rows of
     `hidden` (``spec._linear_softmax``, without its (N, V) logits); with `process_group`,
@@ -408,6 +432,7 @@ def _linear_softmax(
     ignore_index = _checks.ignore_index(ignore_index)
     label_smoothing = _unit_interval("label_smoothing", label_smoothing)
     head = (_checks.z_loss(z_loss), _checks.softcap(softcap))
+    return_aux = _checks.return_aux(return_aux)
     if is_focal:
         gamma = _gamma(gamma)
         name = "alpha"
@@ -417,7 +442,7 @@ def _linear_softmax(
     num_classes = num_local
     if process_group is not None:
         process_group = _process_group(process_group)
-        _linear_parallel_refuses(label_smoothing, gamma)
+        _linear_parallel_refuses(label_smoothing, gamma, return_aux)
         # where this rank's rows of the weight start among the classes, and V over every rank
         start, num_classes = _class_slice(
             num_local, process_group, hidden.device, name="linear_weight"
@@ -479,11 +504,30 @@ def _linear_softmax(
         # up to 1/16 of the logits (64 MiB blocks at most): at (4096, 256, 32000) 256 rows, 1.3x
         # faster than 128 rows on CPU, the block 0.0625x the logits
         chunk_size = _checks.default_chunk_size(h.shape[0], num_local, budget, fraction=16)
-    options = (gamma, ignore_index, label_smoothing, head, chunk_size, reduction == "none", shard)
+    per_row = reduction == "none"
+    options = (gamma, ignore_index, label_smoothing, head, chunk_size, per_row, shard, return_aux)
     loss = _LinearSoftmax.apply(h, linear_weight, bias, y, class_weight, row_scale, options)
+    aux = None
+    if return_aux:
+        loss, lse, correct = loss
+        aux = _linear_aux(lse, correct, keep, head[0], reduction, normalizer, targets.shape)
+        aux = {key: value.to(hidden.dtype) for key, value in aux.items()}
     if reduction == "none":
         loss = loss.reshape(targets.shape)
-    return loss.to(hidden.dtype)
+    loss = loss.to(hidden.dtype)
+    return loss if aux is None else (loss, aux)
+
+
+def _linear_aux(lse, correct, keep, z_loss, reduction, normalizer, shape):
+    """``return_aux``'s statistics (``spec._linear_aux``) from the per-row lse and correct of
+    the block pass: 0 where not kept, z_term = z_loss lse^2, reduced as the spec says (the
+    kept rows' mean, or over `normalizer`)."""
+    lse = torch.where(keep, lse, 0.0)
+    stats = {"lse": lse, "z_term": z_loss * lse * lse, "correct": (correct & keep).to(lse.dtype)}
+    if reduction == "none":
+        return {key: value.reshape(shape) for key, value in stats.items()}
+    divisor = _mean_divisor(keep.sum(), normalizer)
+    return {key: _reduce(value, reduction, divisor) for key, value in stats.items()}
 
 
 def linear_softmax_cross_entropy(
@@ -500,8 +544,9 @@ def linear_softmax_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    return_aux: bool = False,
     process_group: dist.ProcessGroup | None = None,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, dict]:
     """Softmax cross entropy of ``F.linear(hidden, linear_weight, bias)`` without the (N, V)
     logits (``spec.linear_softmax_cross_entropy``).
 
@@ -544,6 +589,7 @@ def linear_softmax_cross_entropy(
         softcap,
         chunk_size,
         process_group,
+        return_aux,
     )
 
 
@@ -562,8 +608,9 @@ def linear_softmax_focal_loss(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    return_aux: bool = False,
     process_group: dist.ProcessGroup | None = None,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, dict]:
     """Softmax focal loss of ``F.linear(hidden, linear_weight, bias)`` without the (N, V) logits
     (``spec.linear_softmax_focal_loss``); layout, blocks and dtypes as
     ``linear_softmax_cross_entropy``. A vector `alpha` that requires grad raises.
@@ -586,4 +633,5 @@ def linear_softmax_focal_loss(
         softcap,
         chunk_size,
         process_group,
+        return_aux,
     )
