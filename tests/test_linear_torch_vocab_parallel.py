@@ -223,6 +223,9 @@ def _worker_errors(rank, world, results):
         "label_smoothing": lambda: ti.linear_softmax_focal_loss(
             hidden, weight, targets, label_smoothing=0.1, process_group=group
         ),
+        "return_aux": lambda: ti.linear_softmax_cross_entropy(
+            hidden, weight, targets, return_aux=True, process_group=group
+        ),
         "group_type": lambda: ti.linear_softmax_cross_entropy(
             hidden, weight, targets, process_group="world"
         ),
@@ -396,6 +399,11 @@ def test_bad_input_gets_one_sentence_naming_the_argument_on_every_rank(world):
             "`label_smoothing` is not supported with `process_group` for the focal loss with "
             "gamma != 0 (yet): pass 0.0. Received: label_smoothing=0.1 with gamma=2.0.",
         ), errors["label_smoothing"]
+        assert errors["return_aux"] == (
+            "ValueError",
+            "`return_aux` is not supported with `process_group` (yet): pass False. "
+            "Received: return_aux=True.",
+        ), errors["return_aux"]
         kind, message = errors["group_type"]
         assert kind == "TypeError" and message.startswith("`process_group` must be a torch")
         kind, message = errors["empty"]
