@@ -8,7 +8,9 @@ In one subprocess with 8 forced host devices (the flag must be set before jax is
   (``dualloss.parity.linear``'s derived bound) and against the unsharded ``jax_impl`` fused loss
   to the same per-entry tolerance; regions ignored, confident, ties, bias mask, all ignored;
   cross entropy, class weights, focal gamma 2 and gamma 0.5 with a vector alpha; reductions
-  mean, none and a normalizer; float64, float32 and bfloat16. The compiled program gathers
+  mean, none and a normalizer; float64, float32 and bfloat16; `z_loss` with `softcap` (cross
+  entropy, focal) and label smoothing (with class weights, and with z_loss and softcap) in a
+  normalizer (float64) and the mean (float32). The compiled program gathers
   nothing and all-reduces per-row numbers and the (rows, H) hidden gradient only.
 * a 2-D (data x vocab = 2 x 4) mesh: rows split over data, classes over vocab, the normalizer
   ``global_count(..., axis_name='data')``: the psum'd loss and the gradients equal the unsharded
@@ -19,7 +21,7 @@ In one subprocess with 8 forced host devices (the flag must be set before jax is
   all-reduces of per-row numbers and of each block's (rows, H) hidden gradient; the results equal
   the unsharded ones.
 
-Bad input (`axis_name` not bound, the options not supported) is checked in this process.
+Bad input (`axis_name` not bound, focal label smoothing with gamma != 0) is checked in this process.
 """
 
 from __future__ import annotations
@@ -55,14 +57,27 @@ SCRIPT = textwrap.dedent(
         "ce_weight": ("linear_softmax_cross_entropy", {"weight": "vector"}),
         "focal": ("linear_softmax_focal_loss", {"gamma": 2.0}),
         "focal_alpha": ("linear_softmax_focal_loss", {"gamma": 0.5, "alpha": "vector"}),
+        # the LLM head options and label smoothing (DESIGN 13)
+        "ce_head": ("linear_softmax_cross_entropy", {"z_loss": 1e-2, "softcap": 5.0}),
+        "focal_head": ("linear_softmax_focal_loss",
+                       {"gamma": 2.0, "alpha": "vector", "z_loss": 1e-2, "softcap": 30.0}),
+        "ce_smooth": ("linear_softmax_cross_entropy",
+                      {"weight": "vector", "label_smoothing": 0.1}),
+        "ce_smooth_head": ("linear_softmax_cross_entropy",
+                           {"label_smoothing": 0.2, "z_loss": 1e-2, "softcap": 5.0}),
     }
+    PLAIN = ("ce", "ce_weight", "focal", "focal_alpha")
+    OPTIONS = ("ce_head", "focal_head", "ce_smooth", "ce_smooth_head")
     REDUCTIONS = {"mean": {"reduction": "mean"}, "none": {"reduction": "none"},
                   "normalizer": {"reduction": "mean", "normalizer": 5.0}}
     REGIONS = ("ignored", "confident", "ties", "bias_mask", "all_ignored")
     # every reduction in float64; the mean in float32 and (two losses) bfloat16
-    RUNS = [(loss, reduction, "float64") for loss in LOSSES for reduction in REDUCTIONS]
-    RUNS += [(loss, "mean", "float32") for loss in LOSSES]
+    RUNS = [(loss, reduction, "float64") for loss in PLAIN for reduction in REDUCTIONS]
+    RUNS += [(loss, "mean", "float32") for loss in PLAIN]
     RUNS += [(loss, "mean", "bfloat16") for loss in ("ce", "focal_alpha")]
+    # the options: a normalizer in float64 and the mean in float32, in the same mesh
+    RUNS += [(loss, red, dt) for loss in OPTIONS
+             for red, dt in (("normalizer", "float64"), ("mean", "float32"))]
     out = {"cases": {}, "collectives": {}}
 
 
@@ -133,8 +148,8 @@ SCRIPT = textwrap.dedent(
             name, prep = prepared(loss, reduction, region, dtype)
             h, w, b = (jnp.asarray(x, dtype) for x in prep.ref)
             y = jnp.asarray(prep.case.targets)
-            if loss == "ce" and region == "ignored":
-                out["collectives"][f"shard_map {reduction} {dtype}"] = collectives(
+            if loss in ("ce", "ce_smooth_head") and region == "ignored":
+                out["collectives"][f"shard_map {loss} {reduction} {dtype}"] = collectives(
                     f.lower(h, w, b, y).compile().as_text())
             value, grads = f(h, w, b, y)
             dtypes = {str(x.dtype) for x in (value, *grads)}
@@ -223,7 +238,8 @@ def results():
 
 def test_axis_name_matches_the_spec_and_the_unsharded_loss(results):
     cases = results["cases"]
-    assert len(cases) == 18 * 4 + 4  # every run in four regions, float32 also all ignored
+    # every run in four regions, the float32 mean also all ignored
+    assert len(cases) == 26 * 4 + 8
     for case, judged in cases.items():
         dtype = case.rsplit("-", 1)[1]
         assert judged["dtypes"] == [dtype], (case, judged["dtypes"])
@@ -236,13 +252,16 @@ def test_axis_name_matches_the_spec_and_the_unsharded_loss(results):
 
 def test_axis_name_programs_gather_nothing_and_reduce_rows_and_the_hidden_gradient(results):
     found = {k: v for k, v in results["collectives"].items() if k.startswith("shard_map")}
-    assert len(found) == 5  # float64 (mean, none, normalizer), float32, bfloat16
+    # cross entropy in float64 (mean, none, normalizer), float32, bfloat16; with label
+    # smoothing, z_loss and softcap in float64 (normalizer) and float32
+    assert len(found) == 7
     for label, calls in found.items():
         kinds = {kind for kind, _ in calls}
         assert kinds == {"all-reduce"}, (label, calls)
         for _, shapes in calls:
             for dims in shapes:
-                # per row of a block (5, 1) or (5,), or the hidden gradient (rows, H)
+                # per row of a block (5, 1) or (5,), or the hidden gradient (rows, H): label
+                # smoothing's third number per row rides in the same psum
                 size = int(np.prod(dims))
                 assert size <= 5 or dims[-1] == 8, (label, dims)
 
@@ -270,11 +289,9 @@ def test_bad_axis_name_and_unsupported_options_raise_one_sentence():
     h, w, y = jnp.zeros((4, 3)), jnp.zeros((3, 5)), jnp.arange(4)
     with pytest.raises(ValueError, match=r"^`axis_name` must name a mesh axis of the enclosing"):
         jax_impl.linear_softmax_cross_entropy(h, w, y, axis_name="vocab")
-    for option, value in (("label_smoothing", 0.1), ("z_loss", 1e-4), ("softcap", 30.0)):
-        neutral = None if option == "softcap" else 0.0
-        with pytest.raises(
-            ValueError,
-            match=rf"^`{option}` is not supported with `axis_name` \(yet\): pass {neutral}\. "
-            rf"Received: {option}={value}\.$",
-        ):
-            jax_impl.linear_softmax_focal_loss(h, w, y, axis_name="vocab", **{option: value})
+    with pytest.raises(
+        ValueError,
+        match=r"^`label_smoothing` is not supported with `axis_name` for the focal loss with "
+        r"gamma != 0 \(yet\): pass 0\.0\. Received: label_smoothing=0\.1 with gamma=2\.0\.$",
+    ):
+        jax_impl.linear_softmax_focal_loss(h, w, y, axis_name="vocab", label_smoothing=0.1)

@@ -11,15 +11,17 @@ collectives it issued. Here the slices are put together and judged:
   float32): the regions ignored rows, confident rows (losses ~1e-9 to 1e-16), exact ties (the
   tied columns on different ranks in the 4-rank world), a bias mask (every other class at -1e4)
   and all rows ignored; cross entropy, class weights, focal with gamma 2 and with gamma 0.5 and
-  a vector alpha; reductions mean, sum, none and a normalizer; row blocks of 5 (N = 12);
+  a vector alpha; `z_loss` with `softcap` (cross entropy, focal), label smoothing (with class
+  weights, and with z_loss and softcap); reductions mean, sum, none and a normalizer; row
+  blocks of 5 (N = 12);
 * against the unsharded ``torch_impl`` fused loss on the same inputs, to the same per-entry
   tolerance;
 * by the collectives: every gather, broadcast, scatter and all-to-all raises in the workers;
   the calls are exactly the slice sizes, per block one MAX of one number per row and one SUM of
-  two, and with a gradient one SUM of the (N, H) hidden gradient;
+  two (three with label smoothing), and with a gradient one SUM of the (N, H) hidden gradient;
 * every rank gets the same loss and the same hidden gradient; no input is written; bad input
-  (targets outside the global V, a weight of the local length, the options not supported, an
-  empty slice, a group of the wrong type) raises one sentence on every rank.
+  (targets outside the global V, a weight of the local length, focal label smoothing with
+  gamma != 0, an empty slice, a group of the wrong type) raises one sentence on every rank.
 """
 
 from __future__ import annotations
@@ -50,7 +52,21 @@ LOSSES = {
     "ce_weight": ("linear_softmax_cross_entropy", {"weight": "vector"}),
     "focal": ("linear_softmax_focal_loss", {"gamma": 2.0}),
     "focal_alpha": ("linear_softmax_focal_loss", {"gamma": 0.5, "alpha": "vector"}),
+    # the LLM head options and label smoothing (DESIGN 13), judged the same way
+    "ce_head": ("linear_softmax_cross_entropy", {"z_loss": 1e-2, "softcap": 5.0}),
+    "focal_head": (
+        "linear_softmax_focal_loss",
+        {"gamma": 2.0, "alpha": "vector", "z_loss": 1e-2, "softcap": 30.0},
+    ),
+    "ce_smooth": ("linear_softmax_cross_entropy", {"weight": "vector", "label_smoothing": 0.1}),
+    "ce_smooth_head": (
+        "linear_softmax_cross_entropy",
+        {"label_smoothing": 0.2, "z_loss": 1e-2, "softcap": 5.0},
+    ),
 }
+# the losses of the first matrix, and those of the options (a smaller one)
+PLAIN = ("ce", "ce_weight", "focal", "focal_alpha")
+OPTIONS = ("ce_head", "focal_head", "ce_smooth", "ce_smooth_head")
 REDUCTIONS = {
     "mean": {"reduction": "mean"},
     "sum": {"reduction": "sum"},
@@ -61,10 +77,20 @@ REGIONS = ("ignored", "confident", "ties", "bias_mask")
 CASES = {
     2: [
         (loss, reduction, region, dtype)
-        for loss in LOSSES
+        for loss in PLAIN
         for reduction in ("mean", "none", "normalizer")
         for region in REGIONS
         for dtype in ("float64", "float32")
+    ]
+    + [
+        (loss, reduction, region, dtype)
+        for loss in OPTIONS
+        for reduction, dtype in (
+            ("mean", "float64"),
+            ("none", "float32"),
+            ("normalizer", "float64"),
+        )
+        for region in REGIONS
     ]
     + [(loss, "mean", "all_ignored", "float32") for loss in LOSSES]
     + [(loss, "sum", "ignored", "bfloat16") for loss in LOSSES],
@@ -194,14 +220,11 @@ def _worker_errors(rank, world, results):
         "weight_length": lambda: ti.linear_softmax_cross_entropy(
             hidden, weight, targets, weight=torch.ones(sizes[rank]), process_group=group
         ),
-        "label_smoothing": lambda: ti.linear_softmax_cross_entropy(
+        "label_smoothing": lambda: ti.linear_softmax_focal_loss(
             hidden, weight, targets, label_smoothing=0.1, process_group=group
         ),
-        "z_loss": lambda: ti.linear_softmax_focal_loss(
-            hidden, weight, targets, z_loss=1e-4, process_group=group
-        ),
-        "softcap": lambda: ti.linear_softmax_cross_entropy(
-            hidden, weight, targets, softcap=30.0, process_group=group
+        "return_aux": lambda: ti.linear_softmax_cross_entropy(
+            hidden, weight, targets, return_aux=True, process_group=group
         ),
         "group_type": lambda: ti.linear_softmax_cross_entropy(
             hidden, weight, targets, process_group="world"
@@ -344,9 +367,11 @@ def test_four_ranks_match_the_spec_and_the_unsharded_loss(world4, case):
 def test_no_row_is_gathered_and_each_block_reduces_three_numbers_per_row(world):
     size, ranks = world
     blocks = [min(CHUNK, N - start) for start in range(0, N, CHUNK)]
-    forward = [call for rows in blocks for call in (("MAX", rows), ("SUM", 2 * rows))]
     for rank, results in ranks.items():
         for case, result in results["cases"].items():
+            # label smoothing: the row's weighted sum of logits rides in the same SUM
+            width = 3 if "label_smoothing" in LOSSES[case[0]][1] else 2
+            forward = [call for rows in blocks for call in (("MAX", rows), ("SUM", width * rows))]
             if case[1] == "none":
                 # forward without a gradient, then backward recomputes the blocks
                 expected = [("SUM", size), *forward, *forward, ("SUM", N * H)]
@@ -369,13 +394,16 @@ def test_bad_input_gets_one_sentence_naming_the_argument_on_every_rank(world):
         )
         kind, message = errors["weight_length"]
         assert kind == "ValueError" and message.startswith("`weight`") and str(V) in message
-        for what, value in (("label_smoothing", "0.1"), ("z_loss", "0.0001"),
-                            ("softcap", "30.0")):  # fmt: skip
-            assert errors[what] == (
-                "ValueError",
-                f"`{what}` is not supported with `process_group` (yet): pass "
-                f"{None if what == 'softcap' else 0.0}. Received: {what}={value}.",
-            ), errors[what]
+        assert errors["label_smoothing"] == (
+            "ValueError",
+            "`label_smoothing` is not supported with `process_group` for the focal loss with "
+            "gamma != 0 (yet): pass 0.0. Received: label_smoothing=0.1 with gamma=2.0.",
+        ), errors["label_smoothing"]
+        assert errors["return_aux"] == (
+            "ValueError",
+            "`return_aux` is not supported with `process_group` (yet): pass False. "
+            "Received: return_aux=True.",
+        ), errors["return_aux"]
         kind, message = errors["group_type"]
         assert kind == "TypeError" and message.startswith("`process_group` must be a torch")
         kind, message = errors["empty"]

@@ -27,25 +27,30 @@ from ._inputs import (
     _not_torch,
 )
 from .parallel import _class_shard, _sum_to_type_of
-from .softmax import _at, _log1m, _softmax_focal_terms, _softmax_head_terms
+from .softmax import _at, _log1m, _softcap, _softmax_focal_terms, _softmax_head_terms
 
 
-def _linear_parallel_refuses(label_smoothing, z_loss, softcap):
-    """What the class-sharded fused loss does not take (each would need more than three numbers
-    per row, or the dense block path): one sentence each."""
-    for name, value, neutral in (
-        ("label_smoothing", label_smoothing, 0.0),
-        ("z_loss", z_loss, 0.0),
-        ("softcap", softcap, None),
-    ):
-        if value != neutral:
-            raise ValueError(
-                f"`{name}` is not supported with `axis_name` (yet): pass {neutral}. "
-                f"Received: {name}={value!r}."
-            )
+def _linear_parallel_refuses(label_smoothing, gamma, return_aux):
+    """What the class-sharded fused loss does not take: label smoothing with the focal loss's
+    gamma != 0 (each class's own focal term, summed over the slices after the row's statistics,
+    would need a third round of collectives per block), `return_aux` (the argmax over the
+    slices); one sentence."""
+    if return_aux:
+        raise ValueError(
+            "`return_aux` is not supported with `axis_name` (yet): pass False. "
+            "Received: return_aux=True."
+        )
+    if label_smoothing != 0.0 and gamma != 0.0:
+        raise ValueError(
+            "`label_smoothing` is not supported with `axis_name` for the focal loss with "
+            f"gamma != 0 (yet): pass 0.0. Received: label_smoothing={label_smoothing!r} "
+            f"with gamma={gamma!r}."
+        )
 
 
-def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, axis_name=None):
+def _linear_block(
+    z, y, a_y, kept, class_weight, gamma, label_smoothing, axis_name=None, head=(0.0, None)
+):  # fmt: skip
     """Loss of each row of the block's logits `z` (rows, V) and its gradient w.r.t. `z`.
 
     The identities of torch_impl's ``_linear_block`` (see it): e = exp(z - z_top), S_y the sum
@@ -53,17 +58,30 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, axis_na
     log(1 - p_y) = log r - log1p(r) (r <= 1) or log1p(-p_y), phi = -log1p(r) / r; the gradient
     p_j v_y off y and -(1 - p_y) v_y at y. Label smoothing (gamma = 0): a = (1 - eps) a_y
     onehot(y) + eps w / V, loss = sum_c a_c (log S - (z_c - z_top)), gradient p sum(a) - a.
+    `class_weight` is the global vector of the V classes (ones without one).
+
+    The LLM head options `head` = (z_loss, softcap) (DESIGN 13), taken here on the sharded path
+    (one device takes the dense block path): the cap is elementwise, c = softcap tanh(z /
+    softcap) (``softmax._softcap``), every term above is of c and the gradient comes back times
+    dc/dz = sech^2(z / softcap); the z-term z_loss lse^2 needs only the row's lse = z_top +
+    log S, its gradient 2 z_loss lse p_j adds 2 z_loss lse to each kept row's coefficient of p_j.
 
     With `axis_name` (inside ``shard_map``) `z` holds this device's contiguous slice of the
     classes along that mesh axis (y stays the global index); the row's numbers are reduced over
     the slices, three per row, as torch_impl's: z_top (pmax), then z_y - z_top from the slice
     that holds y (0 elsewhere) and S_y (psum). The closed forms above are functions of those:
-    the loss is the same on every device, the gradient's slice local. No label smoothing here
-    (``_linear_parallel_refuses``).
+    the loss is the same on every device, the gradient's slice local. Label smoothing needs one
+    number more per row, sum_c w_c (z_c - z_top) over every class, in the same psum.
     """
-    num_classes = z.shape[-1]
-    offset = 0 if axis_name is None else jax.lax.axis_index(axis_name) * num_classes
-    is_y = offset + jnp.arange(num_classes) == y[:, None]
+    z_loss, softcap = head
+    # soft-capping: the block's own logits, elementwise (inside shard_map, its slice)
+    z, dcap = _softcap(z, softcap)
+    num_local = z.shape[-1]
+    num_classes = class_weight.shape[0]
+    offset = 0 if axis_name is None else jax.lax.axis_index(axis_name) * num_local
+    is_y = offset + jnp.arange(num_local) == y[:, None]
+    # this slice's classes' weights (the vector is the global one)
+    weights = jax.lax.dynamic_slice_in_dim(class_weight, offset, num_local)
     # shift so that the largest logit is 0: exp cannot overflow; a NaN or +inf logit gives NaN
     z_top = jnp.max(z, axis=-1, keepdims=True)
     if axis_name is not None:
@@ -76,57 +94,72 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, axis_na
         shifted_y = jnp.sum(jnp.where(is_y, shifted, 0.0), axis=-1, keepdims=True)
     e = jnp.where(is_y, 0.0, jnp.exp(shifted))
     others = jnp.sum(e, axis=-1, keepdims=True)
+    spread = None
+    if label_smoothing != 0.0:
+        spread = jnp.sum(shifted * weights, axis=-1, keepdims=True)
     if axis_name is not None:
-        # z_y - z_top from the slice that holds y (the others add 0) and S_y, the sum of the
-        # other classes' exponentials over every slice (one psum of two numbers per row)
-        shifted_y, others = jax.lax.psum((shifted_y, others), axis_name)
+        # z_y - z_top from the slice that holds y (the others add 0), S_y, the sum of the other
+        # classes' exponentials over every slice and, with label smoothing, sum_c w_c (z_c -
+        # z_top) over every slice's classes (one psum of two or three numbers per row)
+        shifted_y, others, spread = jax.lax.psum((shifted_y, others, spread), axis_name)
     e_y = jnp.exp(shifted_y)
     total = others + e_y
     log_total = jnp.log(total)
     a_y = a_y[:, None]
     kept = kept[:, None]
+    z_mass = 0.0
+    if z_loss != 0.0:
+        # the row's log-sum-exp (over every slice): z_top + log S; kept rows only
+        lse = z_top + log_total
+        z_term = jnp.where(kept != 0.0, z_loss * lse * lse, 0.0)
+        # d/dc_j z_loss lse^2 = 2 z_loss lse p_j: one more share of every p_j
+        z_mass = jnp.where(kept != 0.0, 2.0 * z_loss * lse, 0.0)
     if label_smoothing != 0.0:
         # the eps share of the mass sits on every class: no one-hot shortcut for the loss
         uniform = label_smoothing / num_classes
-        spread = jnp.sum(shifted * class_weight, axis=-1, keepdims=True)
         weight_sum = jnp.sum(class_weight)
         mass = (1.0 - label_smoothing) * a_y + uniform * weight_sum * kept
         loss = (1.0 - label_smoothing) * a_y * (log_total - shifted_y)
         loss = loss + uniform * kept * (weight_sum * log_total - spread)
-        a = (1.0 - label_smoothing) * a_y * is_y + uniform * kept * class_weight
-        grad = jnp.where(is_y, e_y, e) / total * mass - a
-        return loss[:, 0], grad
-    has_y = e_y > 0.0
-    r = others / jnp.where(has_y, e_y, 1.0)
-    small = has_y & (r <= 1.0)
-    log1p_r = jnp.log1p(jnp.where(small, r, 0.0))
-    log_p = jnp.where(small, -log1p_r, shifted_y - log_total)
-    p = e_y / total
-    not_p = others / total
-    if gamma == 0.0:
-        # (1 - p)^0 = 1, also at p = 1
-        focal_weight = None
-        v = a_y
+        a = (1.0 - label_smoothing) * a_y * is_y + uniform * kept * weights
+        grad = jnp.where(is_y, e_y, e) / total * (mass + z_mass) - a
     else:
-        safe_r = jnp.where(small & (r > 0.0), r, 1.0)
-        log_not_p = jnp.where(
-            small,
-            jnp.where(r > 0.0, jnp.log(safe_r), -jnp.inf) - log1p_r,
-            _log1m(jnp.where(small, 0.0, p)),
-        )
-        # (1 - p)^gamma = exp(gamma log(1 - p))
-        focal_weight = jnp.exp(gamma * log_not_p)
-        eps = jnp.finfo(z.dtype).eps
-        is_big = r > eps
-        phi = jnp.where(is_big, -log1p_r / jnp.where(is_big, r, 1.0), r / 2.0 - 1.0)
-        rest = jnp.where(has_y & ~small, p * log_p / jnp.where(small, 1.0, not_p), 0.0)
-        phi = jnp.where(small, phi, rest)
-        v = a_y * focal_weight * (1.0 - gamma * phi)
-    # 0 log 0 = 0: no target mass (ignored row, zero weight) contributes nothing
-    weighted = a_y if focal_weight is None else a_y * focal_weight
-    loss = -jnp.where(a_y == 0.0, 0.0, weighted * log_p)
-    # p_j v off y, -(1 - p_y) v_y at y: 1 - p_y = S_y / S
-    grad = jnp.where(is_y, -not_p * v, e * (v / total))
+        has_y = e_y > 0.0
+        r = others / jnp.where(has_y, e_y, 1.0)
+        small = has_y & (r <= 1.0)
+        log1p_r = jnp.log1p(jnp.where(small, r, 0.0))
+        log_p = jnp.where(small, -log1p_r, shifted_y - log_total)
+        p = e_y / total
+        not_p = others / total
+        if gamma == 0.0:
+            # (1 - p)^0 = 1, also at p = 1
+            focal_weight = None
+            v = a_y
+        else:
+            safe_r = jnp.where(small & (r > 0.0), r, 1.0)
+            log_not_p = jnp.where(
+                small,
+                jnp.where(r > 0.0, jnp.log(safe_r), -jnp.inf) - log1p_r,
+                _log1m(jnp.where(small, 0.0, p)),
+            )
+            # (1 - p)^gamma = exp(gamma log(1 - p))
+            focal_weight = jnp.exp(gamma * log_not_p)
+            eps = jnp.finfo(z.dtype).eps
+            is_big = r > eps
+            phi = jnp.where(is_big, -log1p_r / jnp.where(is_big, r, 1.0), r / 2.0 - 1.0)
+            rest = jnp.where(has_y & ~small, p * log_p / jnp.where(small, 1.0, not_p), 0.0)
+            phi = jnp.where(small, phi, rest)
+            v = a_y * focal_weight * (1.0 - gamma * phi)
+        # 0 log 0 = 0: no target mass (ignored row, zero weight) contributes nothing
+        weighted = a_y if focal_weight is None else a_y * focal_weight
+        loss = -jnp.where(a_y == 0.0, 0.0, weighted * log_p)
+        # p_j v off y, -(1 - p_y) v_y at y: 1 - p_y = S_y / S; the z-term's 2 z_loss lse p_j
+        grad = jnp.where(is_y, -not_p * v + z_mass * p, e * ((v + z_mass) / total))
+    if z_loss != 0.0:
+        loss = loss + z_term
+    if dcap is not None:
+        # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+        grad = grad * dcap
     return loss[:, 0], grad
 
 
@@ -161,17 +194,21 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     Each block's (rows, V) logits are formed in the compute dtype (float32 for half inputs) and
     their gradient G mapped through the layer at once: dh = G w^T, dw += h^T G, db += sum G,
     accumulated in the compute dtype. The focal loss with label smoothing takes the softmax
-    losses' dense path (``_softmax_focal_terms``), and so do the LLM head options (z_loss,
-    softcap: ``_softmax_head_terms``, DESIGN 13), applied to each block's logits, never to an
-    (N, V) array. The rows are padded to a whole number of
-    blocks with ignored rows (a_y = kept = 0). With `axis_name` (static, inside ``shard_map``)
-    `w` and `b` are this device's slice of the classes: each block's row numbers are reduced
-    over the slices (``_linear_block``), dw and db stay local, and dh = G w^T is this slice's
-    part of the hidden gradient, added over the slices with one psum of the (N, H) dh after the
-    scan (Megatron's column-parallel linear does the same in its backward). Returns (loss, dh,
-    dw, db), the gradients None without `grad_loss`, db None without `b`.
+    losses' dense path (``_softmax_focal_terms``), and so do, on one device, the LLM head
+    options (z_loss, softcap: ``_softmax_head_terms``, DESIGN 13; over a mesh axis
+    ``_linear_block`` takes them), applied to each block's logits, never to an (N, V) array.
+    The rows are padded to a whole number of blocks with ignored rows (a_y = kept = 0). With
+    `axis_name` (static, inside ``shard_map``) `w` and `b` are this device's slice of the
+    classes: each block's row numbers are reduced over the slices (``_linear_block``, the class
+    vector the global one), dw and db stay local, and dh = G w^T is this slice's part of the
+    hidden gradient, added over the slices with one psum of the (N, H) dh after the scan
+    (Megatron's column-parallel linear does the same in its backward). With `aux`
+    (static), ``return_aux``'s per-row numbers come out of the same scan, from each block's
+    logits: logsumexp of the capped logits and whether the largest logit (the first on ties) is
+    the target (1.0 / 0.0). Returns (loss, dh, dw, db, stats), the gradients None without
+    `grad_loss`, db None without `b`, stats (lse, correct) or None.
     """
-    gamma, label_smoothing, rows, _, z_loss, softcap, axis_name = static
+    gamma, label_smoothing, rows, _, z_loss, softcap, axis_name, aux = static
     head = z_loss != 0.0 or softcap is not None
     dtype = _compute_dtype(h.dtype)
     num_rows, size = h.shape
@@ -185,7 +222,11 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     if not narrow:
         w = w.astype(dtype)
     b = None if b is None else b.astype(dtype)
-    weights = jnp.ones(num_classes, dtype) if class_weight is None else class_weight
+    num_total = num_classes
+    if axis_name is not None:
+        # V over every slice of the mesh axis: the class vector is the global one
+        _, num_total = _class_shard(axis_name, num_classes)
+    weights = jnp.ones(num_total, dtype) if class_weight is None else class_weight
     num_blocks = -(-num_rows // rows)
     pad = num_blocks * rows - num_rows
 
@@ -204,7 +245,14 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
         z = _dot(h_block, w, dtype)
         if b is not None:
             z = z + b
-        if (gamma != 0.0 and label_smoothing != 0.0) or head:
+        # one device: the LLM head options take the dense path; over a mesh axis, the block's own
+        stats = None
+        if aux:
+            # return_aux (DESIGN 13): the row's lse of c and whether its top logit is the target
+            c = z if softcap is None else _softcap(z, softcap)[0]
+            correct = jnp.argmax(z, axis=-1) == y_block
+            stats = (jax.nn.logsumexp(c, axis=-1), correct.astype(dtype))
+        if (gamma != 0.0 and label_smoothing != 0.0) or (head and axis_name is None):
             # t~ = (1 - eps) onehot(y) + eps / V on the kept rows, times the class weights
             one_hot = (jnp.arange(num_classes) == y_block[:, None]).astype(dtype)
             t = (1.0 - label_smoothing) * one_hot + label_smoothing / num_classes
@@ -220,10 +268,11 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
             loss = loss + 0.0 * a_block
         else:
             loss, grad = _linear_block(
-                z, y_block, a_block, kept_block, weights, gamma, label_smoothing, axis_name
-            )
+                z, y_block, a_block, kept_block, weights, gamma, label_smoothing, axis_name,
+                (z_loss, softcap),
+            )  # fmt: skip
         if not with_grad:
-            return carry, (loss, None)
+            return carry, (loss, None, stats)
         grad = grad * scale_block[:, None]
         dw, db = carry
         parts = _split(grad, w.dtype) if narrow else (grad,)
@@ -231,7 +280,7 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
         db = None if db is None else db + jnp.sum(grad, axis=0)
         dh = sum(_dot(part, w.T, dtype) for part in parts)
         # over a mesh axis the slices' parts are summed first, in the compute dtype
-        return (dw, db), (loss, dh.astype(h.dtype if axis_name is None else dtype))
+        return (dw, db), (loss, dh.astype(h.dtype if axis_name is None else dtype), stats)
 
     init = None
     if with_grad:
@@ -243,15 +292,17 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
             jnp.zeros_like(w, dtype=dtype) + zero,
             None if b is None else jnp.zeros_like(b) + zero,
         )
-    carry, (loss, dh) = jax.lax.scan(step, init, xs)
+    carry, (loss, dh, stats) = jax.lax.scan(step, init, xs)
     loss = loss.reshape(-1)[:num_rows]
+    if stats is not None:
+        stats = tuple(jax.lax.stop_gradient(x.reshape(-1)[:num_rows]) for x in stats)
     if not with_grad:
-        return loss, None, None, None
+        return loss, None, None, None, stats
     dw, db = carry
     if axis_name is not None:
         # dh = sum over the slices of G_r w_r^T: one psum of (N, H) per call
         dh = jax.lax.psum(dh, axis_name).astype(h.dtype)
-    return loss, dh.reshape(-1, size)[:num_rows], dw, db
+    return loss, dh.reshape(-1, size)[:num_rows], dw, db, stats
 
 
 def _nan_like(x):
@@ -264,21 +315,25 @@ def _nan_like(x):
 def _linear_sum(h, w, b, y, a_y, kept, class_weight, row_scale, static):
     """sum_i row_scale l_i (reductions 'mean' and 'sum'); its VJP computes the gradients in the
     forward pass (3 matrix products per block, as the unfused loss) and scales them."""
-    loss, *_ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
-    return jnp.sum(loss * row_scale)
+    loss, _, _, _, stats = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
+    total = jnp.sum(loss * row_scale)
+    return total if stats is None else (total, stats)
 
 
 def _linear_sum_fwd(h, w, b, y, a_y, kept, class_weight, row_scale, static):
     grad_loss = jnp.broadcast_to(row_scale, y.shape)
-    loss, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static)
+    loss, dh, dw, db, stats = _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static)
     # empty slices of the inputs: their types (under shard_map, the axes they vary along)
     types = tuple(None if x is None else x.reshape(-1)[:0] for x in (h, w, b))
     residuals = (dh, dw, db, y, a_y, kept, class_weight, row_scale, types)
-    return jnp.sum(loss * row_scale), residuals
+    total = jnp.sum(loss * row_scale)
+    return (total if stats is None else (total, stats)), residuals
 
 
 def _linear_sum_bwd(static, residuals, g):
     dh, dw, db, y, a_y, kept, class_weight, row_scale, (h, w, b) = residuals
+    # return_aux's statistics take no gradient: their cotangent is dropped
+    g = g[0] if static[7] else g
     # scaled in the compute dtype, then rounded once to the inputs' dtypes; summed over the mesh
     # axes an input is replicated along (the weight over a data axis; nothing outside shard_map)
     w_dtype, b_dtype = static[3]
@@ -301,18 +356,23 @@ _linear_sum.defvjp(_linear_sum_fwd, _linear_sum_bwd)
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _linear_rows(h, w, b, y, a_y, kept, class_weight, static):
     """The per-row losses (reduction 'none'); its VJP recomputes the blocks with the row factors."""
-    loss, *_ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
-    return loss
+    loss, _, _, _, stats = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
+    return loss if stats is None else (loss, stats)
 
 
 def _linear_rows_fwd(h, w, b, y, a_y, kept, class_weight, static):
-    loss, *_ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
-    return loss, (h, w, b, y, a_y, kept, class_weight)
+    loss, _, _, _, stats = _linear_chunks(h, w, b, y, a_y, kept, class_weight, None, static)
+    out = loss if stats is None else (loss, stats)
+    return out, (h, w, b, y, a_y, kept, class_weight)
 
 
 def _linear_rows_bwd(static, residuals, g):
     h, w, b, y, a_y, kept, class_weight = residuals
-    _, dh, dw, db = _linear_chunks(h, w, b, y, a_y, kept, class_weight, g, static)
+    # return_aux's statistics take no gradient: their cotangent is dropped
+    g = g[0] if static[7] else g
+    # the blocks recomputed without the statistics
+    static = (*static[:7], False)
+    _, dh, dw, db, _ = _linear_chunks(h, w, b, y, a_y, kept, class_weight, g, static)
     # summed over the mesh axes an input is replicated along (nothing outside shard_map)
     dh = _sum_to_type_of(dh, h)
     dw = _sum_to_type_of(dw, w).astype(w.dtype)
@@ -339,6 +399,7 @@ def _linear_softmax(
     softcap,
     chunk_size,
     axis_name=None,
+    return_aux=False,
 ):
     """Validates the fused loss's arguments and applies the row-block scan to the rows of
     `hidden` (``spec._linear_softmax``, without its (N, V) logits); with `axis_name`,
@@ -364,16 +425,17 @@ def _linear_softmax(
         hidden.shape, linear_weight.shape, bias_shape, targets.shape, 1
     )
     num_classes = num_local
-    if axis_name is not None:
-        _linear_parallel_refuses(label_smoothing, z_loss, softcap)
-        # V over every slice of the mesh axis (an unbound name raises here)
-        _, num_classes = _class_shard(axis_name, num_local)
     chunk_size = _checks.chunk_size(chunk_size)
     ignore_index = _checks.ignore_index(ignore_index)
     # static here (they select the block's code path): Python numbers
     label_smoothing = _checks.unit_interval("label_smoothing", label_smoothing)
     if is_focal:
         gamma = _checks.gamma(gamma)
+    return_aux = _checks.return_aux(return_aux)
+    if axis_name is not None:
+        _linear_parallel_refuses(label_smoothing, gamma, return_aux)
+        # V over every slice of the mesh axis (an unbound name raises here)
+        _, num_classes = _class_shard(axis_name, num_local)
     z_loss = _checks.z_loss(z_loss)
     softcap = _checks.softcap(softcap)
     dtype = _compute_dtype(hidden.dtype)
@@ -407,13 +469,19 @@ def _linear_softmax(
         # the dense path (focal with label smoothing) holds ~8 temporaries per block
         dense = is_focal and gamma != 0.0 and label_smoothing != 0.0
         dense = dense or z_loss != 0.0 or softcap is not None
+        # (over a mesh axis the options take the block path, whose budget this keeps too)
         budget = (1 << 19) if dense else _block_budget()
         chunk_size = _checks.default_chunk_size(h.shape[0], num_local, budget)
     rows = min(chunk_size, max(h.shape[0], 1))
     dtypes = (linear_weight.dtype, None if bias is None else bias.dtype)
-    static = (gamma, label_smoothing, rows, dtypes, z_loss, softcap, axis_name)
+    static = (gamma, label_smoothing, rows, dtypes, z_loss, softcap, axis_name, return_aux)
     if reduction == "none":
         loss = _linear_rows(h, linear_weight, bias, y_safe, a_y, kept, class_weight, static)
+        if return_aux:
+            loss, stats = loss
+            aux = _linear_aux(*stats, keep, z_loss, reduction, None, targets.shape)
+            aux = {key: value.astype(hidden.dtype) for key, value in aux.items()}
+            return loss.reshape(targets.shape).astype(hidden.dtype), aux
         return loss.reshape(targets.shape).astype(hidden.dtype)
     if normalizer is not None:
         # the given divisor of the mean (a constant)
@@ -433,7 +501,29 @@ def _linear_softmax(
         row_scale = jnp.ones((), dtype)
     row_scale = row_scale.astype(dtype)
     loss = _linear_sum(h, linear_weight, bias, y_safe, a_y, kept, class_weight, row_scale, static)
+    if return_aux:
+        loss, stats = loss
+        aux = _linear_aux(*stats, keep, z_loss, reduction, normalizer, targets.shape)
+        aux = {key: value.astype(hidden.dtype) for key, value in aux.items()}
+        return loss.astype(hidden.dtype), aux
     return loss.astype(hidden.dtype)
+
+
+def _linear_aux(lse, correct, keep, z_loss, reduction, normalizer, shape):
+    """``return_aux``'s statistics (``spec._linear_aux``) from the per-row lse and correct of
+    the block scan: 0 where not kept, z_term = z_loss lse^2, reduced as the spec says (the kept
+    rows' mean, or over `normalizer`)."""
+    lse = jnp.where(keep, lse, 0.0)
+    stats = {"lse": lse, "z_term": z_loss * lse * lse, "correct": jnp.where(keep, correct, 0.0)}
+    if reduction == "none":
+        return {key: value.reshape(shape) for key, value in stats.items()}
+    sums = {key: jnp.sum(value) for key, value in stats.items()}
+    if reduction == "sum" and normalizer is None:
+        return sums
+    divisor = jnp.sum(keep) if normalizer is None else jnp.asarray(normalizer, lse.dtype)
+    nonzero = divisor != 0
+    scale = jnp.where(nonzero, 1.0 / jnp.where(nonzero, divisor, 1.0), 0.0)
+    return {key: value * scale for key, value in sums.items()}
 
 
 def linear_softmax_cross_entropy(
@@ -450,8 +540,9 @@ def linear_softmax_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    return_aux: bool = False,
     axis_name: Hashable | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, dict]:
     """Softmax cross entropy of hidden @ linear_weight + bias without the (N, V) logits
     (``spec.linear_softmax_cross_entropy``); `linear_weight` (H, V) as the spec.
 
@@ -468,11 +559,12 @@ def linear_softmax_cross_entropy(
     (shard_map's even slices, in axis order), `hidden`, `targets` (GLOBAL class indices),
     `weight` (the global length-V vector) and `normalizer` the same on every device of the
     axis. Each block crosses the axis with three numbers per row (pmax of the largest logit,
-    psum of the target's shifted logit and of the other classes' sum of exponentials); the
-    loss is the same on every device, the gradients of `linear_weight` and `bias` the local
-    slice of the full ones, and the gradient of `hidden` the full one: one psum of the (N, H)
-    gradient per call (as Megatron's column-parallel linear in its backward).
-    `label_smoothing`, `z_loss` and `softcap` raise with `axis_name`.
+    psum of the target's shifted logit and of the other classes' sum of exponentials; with
+    `label_smoothing` the same psum carries the row's class-weighted sum of logits); `softcap`
+    is applied to each device's logits, `z_loss` takes the row's log-sum-exp from those
+    numbers. The loss is the same on every device, the gradients of `linear_weight` and `bias`
+    the local slice of the full ones, and the gradient of `hidden` the full one: one psum of
+    the (N, H) gradient per call (as Megatron's column-parallel linear in its backward).
     """
     return _linear_softmax(
         hidden,
@@ -490,6 +582,7 @@ def linear_softmax_cross_entropy(
         softcap,
         chunk_size,
         axis_name,
+        return_aux,
     )
 
 
@@ -508,12 +601,14 @@ def linear_softmax_focal_loss(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    return_aux: bool = False,
     axis_name: Hashable | None = None,
-) -> jax.Array:
+) -> jax.Array | tuple[jax.Array, dict]:
     """Softmax focal loss of hidden @ linear_weight + bias without the (N, V) logits
     (``spec.linear_softmax_focal_loss``); blocks, dtypes and gradients as
     ``linear_softmax_cross_entropy`` (a vector `alpha` gets a NaN gradient). `axis_name`: the
-    classes split over a mesh axis as ``linear_softmax_cross_entropy``'s (`alpha` global)."""
+    classes split over a mesh axis as ``linear_softmax_cross_entropy``'s (`alpha` global;
+    `label_smoothing` with gamma != 0 raises there)."""
     return _linear_softmax(
         hidden,
         linear_weight,
@@ -530,4 +625,5 @@ def linear_softmax_focal_loss(
         softcap,
         chunk_size,
         axis_name,
+        return_aux,
     )

@@ -341,11 +341,11 @@ def _run_sharded(args, parser) -> int:
                         ("--devices", args.devices is not None)):  # fmt: skip
         if given:
             parser.error(f"--sharded runs dualloss's own backends on host devices: drop {flag}.")
-    losses = [n for n in args.losses if n in sharded.SHARDED_LOSSES]
+    judged = sharded.SHARDED_LOSSES + sharded.LINEAR_SHARDED_LOSSES
+    losses = [n for n in args.losses if n in judged]
     if not losses:
         parser.error(
-            f"--sharded judges {', '.join(sharded.SHARDED_LOSSES)}. "
-            f"Received: --losses {','.join(args.losses)}."
+            f"--sharded judges {', '.join(judged)}. Received: --losses {','.join(args.losses)}."
         )
     result = sharded.run_profile(args.backends, args.dtypes, losses, args.regions, args.level)
     print(report.terminal_summary(result, args.max_failures))

@@ -29,7 +29,9 @@ process_group=...)`` (torch) returns ``f(logits, targets, **kwargs)`` of the glo
 a subprocess with 8 forced host devices; torch ``process_group=`` in 2 and 4 gloo processes and a
 DTensor sharded on the class dim) over the softmax losses' cases, each judged against the spec
 with the strict standard and compared entry by entry with the unsharded backend on the same
-inputs to the same tolerance. Imports no framework at import time.
+inputs to the same tolerance; and the fused linear losses' sharded paths (``_linear_sharded``:
+torch ``process_group=`` on 2 ranks, JAX ``axis_name=`` on 2 host devices) judged with their own
+bound (``parity.linear``). Imports no framework at import time.
 """
 
 from __future__ import annotations
@@ -547,6 +549,7 @@ def _free_port() -> int:
 def run_profile(backends, dtypes, losses, regions, level="quick") -> RunResult:
     """``dualloss-parity run --sharded``: see the module docstring."""
     started = time.monotonic()
+    linear = [loss for loss in losses if loss in LINEAR_SHARDED_LOSSES]
     losses = [loss for loss in losses if loss in SHARDED_LOSSES]
     result = RunResult(config={
         "profile": "sharded", "implementations": [], "dtypes": list(dtypes),
@@ -582,6 +585,7 @@ def run_profile(backends, dtypes, losses, regions, level="quick") -> RunResult:
                     result.untested.append(f"torch_impl on {world} gloo ranks: {error}")
                     continue
                 _merge(result, path, f"torch_impl on {world} gloo ranks", None)
+    _linear_sharded(result, backends, dtypes, linear, regions, root)
     result.config["implementations"] = sorted({r.impl for r in result.records})
     result.seconds = time.monotonic() - started
     return result
@@ -599,3 +603,218 @@ def _merge(result: RunResult, path: str, what: str, child) -> None:
     result.notes += [n for n in notes if n not in crashed]
     result.records += records
     result.failures += [f for f in failures if isinstance(f, Failure)]
+
+
+# ----------------------------------------------------------------------------------------------
+# The fused linear losses split over V: torch process_group= (2 ranks), JAX axis_name=
+# ----------------------------------------------------------------------------------------------
+
+LINEAR_SHARDED_LOSSES = _registry.LINEAR_NAMES
+# (N, H, V): V even (shard_map's slices are even; torch's 2 ranks take the same halves), N not a
+# multiple of the chunk sizes (a partial last block of rows)
+LINEAR_SHAPE = (45, 16, 96)
+LINEAR_WORLD = 2
+# per loss, (options, reduction): the plain loss, then class weights / alpha with the LLM head
+# options (DESIGN 13) and, for the cross entropy, label smoothing ("vector": a ramp)
+LINEAR_PLANS = {
+    "linear_softmax_cross_entropy": (
+        ({"chunk_size": 16}, "mean"),
+        ({"weight": "vector", "label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 8.0,
+          "chunk_size": 11}, "none"),
+    ),
+    "linear_softmax_focal_loss": (
+        ({"gamma": 2.0, "chunk_size": 16}, "mean"),
+        ({"gamma": 0.5, "alpha": "vector", "z_loss": 1e-3, "softcap": 8.0, "chunk_size": 11},
+         "none"),
+    ),
+}  # fmt: skip
+
+
+def _linear_sharded(result, backends, dtypes, losses, regions, root) -> None:
+    """The fused linear losses' own sharded paths, added to `result`: torch ``process_group=``
+    on 2 gloo ranks (each rank holds half of the weight's rows and of the bias) and JAX
+    ``axis_name=`` inside ``shard_map`` over 2 host devices (half of the kernel's columns), on
+    the fused losses' regions (those of their own shape left out) at (N, H, V) =
+    ``LINEAR_SHAPE``, with ``LINEAR_PLANS``' options. Each call is judged against the spec with
+    the fused losses' own strict bound (``parity.linear.judge``) and compared entry by entry
+    with the unsharded backend on the same inputs, to the same per-entry tolerance."""
+    from . import linear as L
+
+    losses = [loss for loss in losses if loss in LINEAR_SHARDED_LOSSES]
+    chosen = [r for r in (regions or L.REGIONS) if r in L.REGIONS and r not in L.OWN_SHAPE]
+    if not losses or not chosen:
+        return
+    import json
+
+    with tempfile.TemporaryDirectory() as out_dir:
+        outcomes = []
+        if "jax" in backends:
+            env = dict(os.environ, JAX_PLATFORMS="cpu")
+            env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={LINEAR_WORLD}"
+            env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+            path = os.path.join(out_dir, "linear_jax.pkl")
+            arguments = json.dumps(["jax", 0, list(dtypes), losses, chosen, path, 0])
+            code = (
+                "import json, sys; from dualloss.parity import sharded; "
+                "sharded._linear_child(*json.loads(sys.argv[1]))"
+            )
+            child = subprocess.run([sys.executable, "-c", code, arguments], env=env,
+                                   capture_output=True, text=True)  # fmt: skip
+            outcomes.append((path, "jax_impl fused linear (axis_name, 2 host devices)", child))
+        if "torch" in backends:
+            import torch.multiprocessing as mp
+
+            path = os.path.join(out_dir, "linear_torch.pkl")
+            arguments = ("torch", list(dtypes), losses, chosen, path, _free_port())
+            try:
+                mp.spawn(_linear_torch_rank, nprocs=LINEAR_WORLD, join=True, args=arguments)
+            except Exception as error:  # noqa: BLE001 - reported as not tested
+                result.untested.append(f"torch_impl fused linear on 2 gloo ranks: {error}")
+            outcomes.append((path, "torch_impl fused linear (process_group, 2 ranks)", None))
+        for path, what, child in outcomes:
+            if not os.path.exists(path):
+                tail = "" if child is None else (child.stderr or child.stdout)[-2000:]
+                result.untested.append(f"{what}: the process wrote no results. {tail}")
+                continue
+            with open(path, "rb") as handle:
+                records, failures, crashed = pickle.load(handle)
+            result.untested += crashed
+            result.records += records
+            result.failures += failures
+
+
+def _linear_torch_rank(rank, backend, dtypes, losses, chosen, path, port):
+    """A gloo rank of ``_linear_sharded`` (``torch.multiprocessing.spawn`` passes the rank)."""
+    _linear_child(backend, rank, dtypes, losses, chosen, path, port)
+
+
+def _linear_child(backend, rank, dtypes, losses, chosen, path, port):
+    """``_linear_sharded``'s judging, in the JAX child or on each torch rank: (records,
+    failures, crashes) pickled to `path` by rank 0 (every rank judges the same numbers)."""
+    from . import linear as L
+
+    n, h, v = LINEAR_SHAPE
+    records, failures, crashed = [], [], []
+    label = f"cpu x{LINEAR_WORLD}"
+    try:
+        if backend == "torch":
+            import torch
+            import torch.distributed as dist
+
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            os.environ["MASTER_PORT"] = str(port)
+            dist.init_process_group("gloo", rank=rank, world_size=LINEAR_WORLD)
+            group = dist.group.WORLD
+            ClassSlice, _ = _torch_functions()
+            from .. import torch_impl as module
+
+            impl, mode = f"torch_impl[process_group, {LINEAR_WORLD} ranks]", "eager"
+            device = "cpu"
+            start, stop = rank * v // LINEAR_WORLD, (rank + 1) * v // LINEAR_WORLD
+
+            def sharded(loss, options, reduction):
+                fn = getattr(module, loss)
+
+                def candidate(hidden, linear_weight, targets, bias=None):
+                    # this rank's rows of the (V, H) weight and of the bias; backward puts each
+                    # slice's gradient in place and all-reduces (every rank the whole gradient)
+                    w = ClassSlice.apply(linear_weight.T, start, stop, group).T
+                    b = ClassSlice.apply(bias[None, :], start, stop, group)[0]
+                    kw = {k: torch.tensor(x).to(hidden.dtype) if isinstance(x, np.ndarray) else x
+                          for k, x in options.items()}  # fmt: skip
+                    return fn(hidden, w, targets, bias=b, reduction=reduction,
+                              process_group=group, **kw)  # fmt: skip
+
+                return candidate
+        else:
+            import jax
+            import jax.numpy as jnp
+            from jax.sharding import Mesh, NamedSharding
+            from jax.sharding import PartitionSpec as P
+
+            from .. import jax_impl as module
+
+            mesh = Mesh(np.array(jax.devices()[:LINEAR_WORLD]), ("vocab",))
+            impl, mode = f"jax_impl[axis_name, mesh {LINEAR_WORLD}]", "jit"
+            # the inputs replicated over the mesh: shard_map takes each device's slice
+            device = NamedSharding(mesh, P())
+
+            def sharded(loss, options, reduction):
+                fn = getattr(module, loss)
+
+                def candidate(hidden, linear_weight, targets, bias=None):
+                    kw = {k: jnp.asarray(x, hidden.dtype) if isinstance(x, np.ndarray) else x
+                          for k, x in options.items()}  # fmt: skip
+
+                    def local(hh, ww, tt, bb):
+                        # the kernel's columns and the bias split over `vocab`, the rest global
+                        return fn(hh, ww, tt, bias=bb, reduction=reduction, axis_name="vocab",
+                                  **kw)  # fmt: skip
+
+                    specs = (P(), P(None, "vocab"), P(), P("vocab"))
+                    call = jax.shard_map(local, mesh=mesh, in_specs=specs, out_specs=P())
+                    return call(hidden, linear_weight, targets, bias)
+
+                return candidate
+
+        for loss in losses:
+            for options, reduction in LINEAR_PLANS[loss]:
+                values = L.option_values(options, v)
+                for dtype in dtypes:
+                    fn = sharded(loss, values, reduction)
+                    one = L.ours(backend, loss, values, reduction)
+                    for region in chosen:
+                        hidden, kernel, bias, targets = L.region_inputs(region, n, h, v)
+                        case = L.LinearCase(loss, region, f"{n}x{h}x{v}", hidden, kernel, bias,
+                                            targets.astype(np.int64), dict(values))  # fmt: skip
+                        prep = L.prepare(case, dtype)
+                        prep.options["reduction"] = reduction
+                        jit = mode == "jit"
+                        kind, judgement, outcome = L.evaluate(fn, backend, loss, prep, device, jit)
+                        problems = [outcome.error] if judgement is None else judgement.problems
+                        if judgement is not None:
+                            # the unsharded fused loss on the same inputs, the same tolerance
+                            theirs = L.run(one, backend, prep, "cpu", jit)
+                            want = judgement.expected
+                            tol = L.tolerances(loss, prep, want, "strict")
+                            for what in want if theirs.error is None else ():
+                                ours = np.asarray(judgement.received[what], np.float64)
+                                other = theirs.value if what == "value" else theirs.grads[what]
+                                other = np.asarray(other, np.float64)
+                                gap = np.abs(ours - other)
+                                if dtype in L.HALF:
+                                    # each side is its float32 result rounded once to the half
+                                    # dtype: one ulp of it apart where those straddle a tie
+                                    gap = gap - 2.0 * L.UNIT_ROUNDOFF[dtype] * np.abs(other)
+                                if not np.all(gap <= tol[what]):
+                                    problems.append(f"{L._label(what)} differs from the "
+                                                    "unsharded backend's beyond the strict "
+                                                    "tolerance")  # fmt: skip
+                                    kind = "accuracy" if kind == "ok" else kind
+                            if theirs.error is not None:
+                                problems.append(f"the unsharded backend raised {theirs.error}")
+                        records.append(Record(
+                            loss, impl, backend, label, mode, dtype, region,
+                            f"{case.name} {L._plain(options)} {reduction}", kind,
+                            ratio=0.0 if judgement is None else judgement.ratio,
+                            gamma=float(options.get("gamma", 0.0)),
+                        ))  # fmt: skip
+                        if kind != "ok":
+                            failures.append(L.LinearFailure(
+                                kind, loss, impl, backend, label, mode, dtype, case.name,
+                                problems, dict(prep.options), n,
+                                {} if judgement is None else judgement.expected,
+                                {} if judgement is None else judgement.received,
+                                f"dualloss-parity run --sharded --backends {backend} --losses "
+                                f"{loss} --regions {region} --dtypes {dtype}",
+                            ))  # fmt: skip
+    except BaseException:  # noqa: BLE001 - handed to the parent, which reports it
+        crashed.append(f"{backend} fused linear, rank {rank}: {traceback.format_exc()}")
+    if rank == 0:
+        with open(path, "wb") as handle:
+            pickle.dump((records, failures, crashed), handle)
+    if backend == "torch":
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

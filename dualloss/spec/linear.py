@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import _checks
 from ._inputs import ArrayLike, _as_array, _normalize, _normalizer
-from .softmax import _softmax
+from .softmax import _softmax, _softmax_aux, _softmax_elements
 from .wrt import LinearSoftmaxWrt, _check_wrt, _needs_option
 
 
@@ -79,6 +79,31 @@ def _linear_softmax(
     return loss, grads
 
 
+@np.errstate(divide="ignore", invalid="ignore", over="ignore")
+def _linear_aux(
+    hidden, linear_weight, targets, bias, class_weight_arg, gamma, is_focal, ignore_index,
+    label_smoothing, reduction, normalizer, z_loss, softcap,
+):  # fmt: skip
+    """``return_aux``'s statistics of the logits hidden @ linear_weight + bias (float64): those
+    of ``softmax_cross_entropy`` (``softmax._softmax_aux``), shaped like `targets` for 'none'.
+    The arguments were checked by ``_linear_softmax``."""
+    hidden = _as_array(hidden)
+    linear_weight = _as_array(linear_weight).astype(np.float64)
+    targets = _as_array(targets)
+    logits = hidden.astype(np.float64).reshape(-1, linear_weight.shape[0]) @ linear_weight
+    if bias is not None:
+        logits = logits + _as_array(bias).astype(np.float64)
+    weight, alpha = (None, class_weight_arg) if is_focal else (class_weight_arg, None)
+    elements = _softmax_elements(
+        logits, targets.reshape(-1), -1, weight, alpha, gamma, is_focal, ignore_index,
+        label_smoothing, None, z_loss, softcap,
+    )  # fmt: skip
+    aux = _softmax_aux(elements, reduction, normalizer)
+    if reduction == "none":
+        aux = {key: value.reshape(targets.shape) for key, value in aux.items()}
+    return aux
+
+
 def _linear_grad(grads, wrt, allowed, name):
     """The entry `wrt` of ``_linear_softmax``'s gradients (checked against the `wrt` Literal)."""
     _check_wrt(wrt, allowed, name)
@@ -101,7 +126,8 @@ def linear_softmax_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
-) -> np.ndarray:
+    return_aux: bool = False,
+) -> np.ndarray | tuple[np.ndarray, dict]:
     """Softmax cross entropy of a linear layer's output, ``F.linear_cross_entropy`` semantics.
 
     l = softmax_cross_entropy(hidden @ linear_weight + bias, targets): the loss of a language
@@ -122,9 +148,13 @@ def linear_softmax_cross_entropy(
         backends apply both per block of rows, never forming the (N, V) logits.
       chunk_size: rows per chunk in the backends (None: chosen from the shapes); accepted and
         checked here, where nothing is chunked.
+      return_aux: as ``softmax_cross_entropy``: also {'lse', 'z_term', 'correct'} of the
+        logits, per row for 'none' (shaped like `targets`), else reduced over the kept rows;
+        the backends compute them in the same pass over the blocks.
 
     Returns:
-      float64 array of shape (...) for 'none', a float64 scalar otherwise.
+      float64 array of shape (...) for 'none', a float64 scalar otherwise; with `return_aux`,
+      (loss, aux).
 
     Example:
       >>> hidden, kernel = np.array([[1.0, 0.0]]), np.array([[2.0, 0.0, -1.0], [0.0, 1.0, 0.0]])
@@ -151,6 +181,12 @@ def linear_softmax_cross_entropy(
         z_loss,
         softcap,
     )
+    if _checks.return_aux(return_aux):
+        aux = _linear_aux(
+            hidden, linear_weight, targets, bias, weight, 0.0, False, ignore_index,
+            label_smoothing, reduction, normalizer, z_loss, softcap,
+        )  # fmt: skip
+        return _normalize(loss, normalizer), aux
     return _normalize(loss, normalizer)
 
 
@@ -215,7 +251,8 @@ def linear_softmax_focal_loss(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
-) -> np.ndarray:
+    return_aux: bool = False,
+) -> np.ndarray | tuple[np.ndarray, dict]:
     """Softmax focal loss of a linear layer's output: ``softmax_focal_loss`` of
     hidden @ linear_weight + bias (logits in float64).
 
@@ -223,7 +260,7 @@ def linear_softmax_focal_loss(
       hidden, linear_weight, targets, bias, chunk_size: as ``linear_softmax_cross_entropy``.
       gamma, alpha, ignore_index, label_smoothing, reduction: as ``softmax_focal_loss`` ('mean'
         over the kept rows). gamma = 0 with alpha None is ``linear_softmax_cross_entropy``.
-      normalizer, z_loss, softcap: as ``linear_softmax_cross_entropy``.
+      normalizer, z_loss, softcap, return_aux: as ``linear_softmax_cross_entropy``.
 
     Returns:
       float64 array of shape (...) for 'none', a float64 scalar otherwise.
@@ -252,6 +289,12 @@ def linear_softmax_focal_loss(
         z_loss,
         softcap,
     )
+    if _checks.return_aux(return_aux):
+        aux = _linear_aux(
+            hidden, linear_weight, targets, bias, alpha, gamma, True, ignore_index,
+            label_smoothing, reduction, normalizer, z_loss, softcap,
+        )  # fmt: skip
+        return _normalize(loss, normalizer), aux
     return _normalize(loss, normalizer)
 
 

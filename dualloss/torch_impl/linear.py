@@ -23,30 +23,37 @@ from ._inputs import (
     _dtype_name,
     _gamma,
     _is_index,
+    _mean_divisor,
     _normalizer,
+    _reduce,
     _unit_interval,
     _values_are_concrete,
 )
 from .parallel import _class_slice, _process_group
-from .softmax import _softmax_loss_or_grad
+from .softmax import _softcap, _softmax_loss_or_grad
 
 
-def _linear_parallel_refuses(label_smoothing, z_loss, softcap):
-    """What the class-sharded fused loss does not take (each would need more than three numbers
-    per row, or the dense block path): one sentence each, raised alike on every rank."""
-    for name, value, neutral in (
-        ("label_smoothing", label_smoothing, 0.0),
-        ("z_loss", z_loss, 0.0),
-        ("softcap", softcap, None),
-    ):
-        if value != neutral:
-            raise ValueError(
-                f"`{name}` is not supported with `process_group` (yet): pass {neutral}. "
-                f"Received: {name}={value!r}."
-            )
+def _linear_parallel_refuses(label_smoothing, gamma, return_aux):
+    """What the class-sharded fused loss does not take: label smoothing with the focal loss's
+    gamma != 0 (each class's own focal term, summed over ranks after the row's statistics, would
+    need a third round of collectives per block), `return_aux` (the argmax over ranks); raised
+    alike on every rank."""
+    if return_aux:
+        raise ValueError(
+            "`return_aux` is not supported with `process_group` (yet): pass False. "
+            "Received: return_aux=True."
+        )
+    if label_smoothing != 0.0 and gamma != 0.0:
+        raise ValueError(
+            "`label_smoothing` is not supported with `process_group` for the focal loss with "
+            f"gamma != 0 (yet): pass 0.0. Received: label_smoothing={label_smoothing!r} "
+            f"with gamma={gamma!r}."
+        )
 
 
-def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_loss, shard=None):
+def _linear_block(
+    z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_loss, shard=None, head=(0.0, None)
+):  # fmt: skip
     """Loss of each row of the block's logits `z` (rows, V) and, with `grad_loss`, the gradient
     w.r.t. `z` times grad_loss, written over `z` itself (the block's only (rows, V) tensor).
 
@@ -62,24 +69,41 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_lo
     gamma = 0): a = (1 - eps) a_y onehot(y) + eps w / V, loss = sum_c a_c (log S - (z_c - z_top)),
     gradient p sum(a) - a.
 
-    With `shard` = (start, group) the block holds this rank's contiguous slice of the classes,
-    whose first global class is `start` (y stays the global index); the row's numbers are put
-    together over `group` as ``softmax._VocabParallel`` does, three per row: z_top (all-reduce
-    MAX), then z_y - z_top from the rank that owns y (0 elsewhere) and S_y (all-reduce SUM).
-    Every closed form above is a function of those, so the loss is the same on every rank and
-    the gradient's slice is local (p_j v_y off y; -(1 - p_y) v_y on the rank that owns y).
-    Label smoothing is not taken here (``_linear_parallel_refuses``).
+    The LLM head options `head` = (z_loss, softcap) (DESIGN 13), taken here on the sharded path
+    (one device takes the dense block path): the cap is elementwise, c = softcap tanh(z /
+    softcap) (``softmax._softcap``, a fresh tensor), every term above is of c and the gradient
+    comes back times dc/dz = sech^2(z / softcap); the z-term z_loss lse^2 needs only the row's
+    lse = z_top + log S, its gradient 2 z_loss lse p_j adds 2 z_loss lse to each kept row's
+    coefficient of p_j.
+
+    With `shard` = (start, group, V) the block holds this rank's contiguous slice of the
+    classes, whose first global class is `start` (y stays the global index, V the number of
+    classes over every rank); the row's numbers are put together over `group` as
+    ``softmax._VocabParallel`` does, three per row: z_top (all-reduce MAX), then z_y - z_top from
+    the rank that owns y (0 elsewhere) and S_y (all-reduce SUM). Every closed form above is a
+    function of those, so the loss is the same on every rank and the gradient's slice is local
+    (p_j v_y off y; -(1 - p_y) v_y on the rank that owns y). Label smoothing needs one number
+    more per row, sum_c w_c (z_c - z_top) over every class, which rides in the same SUM; the
+    class weights are the global vector (this rank's part of it is sliced here).
     """
-    num_classes = z.shape[-1]
+    z_loss, softcap = head
+    # soft-capping: the block's own logits, elementwise (on a rank, its slice of the classes)
+    z, dcap = _softcap(z, softcap)
+    num_local = z.shape[-1]
+    num_classes = num_local
+    weights = class_weight
     # shift so that the largest logit is 0: exp cannot overflow; a NaN or +inf logit gives NaN
     z_top = torch.amax(z, dim=-1, keepdim=True)
     if shard is not None:
-        start, group = shard
+        start, group, num_classes = shard
         # the row's largest logit over every rank: exp(z - z_top) cannot overflow
         dist.all_reduce(z_top, op=dist.ReduceOp.MAX, group=group)
         local_y = y - start
-        owns = (local_y >= 0) & (local_y < num_classes)
+        owns = (local_y >= 0) & (local_y < num_local)
         y = torch.where(owns, local_y, 0)
+        if class_weight is not None:
+            # this rank's classes' weights (the vector is the global one)
+            weights = class_weight[start : start + num_local]
     shifted = z.sub_(z_top)
     shifted_y = shifted.gather(-1, y)
     if label_smoothing != 0.0:
@@ -88,7 +112,7 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_lo
             spread = shifted.sum(dim=-1, keepdim=True)
             weight_sum = float(num_classes)
         else:
-            spread = (shifted @ class_weight).unsqueeze(-1)
+            spread = (shifted @ weights).unsqueeze(-1)
             weight_sum = class_weight.sum()
     e = shifted.exp_()
     if shard is None:
@@ -99,11 +123,17 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_lo
         # keep their column y (a class of theirs like any other)
         e_kept = torch.where(owns, 0.0, e.gather(-1, y))
         others = e.scatter_(-1, y, e_kept).sum(dim=-1, keepdim=True)
-        stats = torch.cat([torch.where(owns, shifted_y, 0.0), others], dim=-1)
-        # z_y - z_top from the rank that owns y (the others add 0) and S_y, the sum of the
-        # other classes' exponentials over every rank (a NaN logit anywhere makes S_y NaN)
+        parts = [torch.where(owns, shifted_y, 0.0), others]
+        if label_smoothing != 0.0:
+            parts.append(spread)
+        stats = torch.cat(parts, dim=-1)
+        # z_y - z_top from the rank that owns y (the others add 0), S_y, the sum of the other
+        # classes' exponentials over every rank (a NaN logit anywhere makes S_y NaN) and, with
+        # label smoothing, sum_c w_c (z_c - z_top) over every rank's classes
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
-        shifted_y, others = stats[:, :1], stats[:, 1:]
+        shifted_y, others = stats[:, :1], stats[:, 1:2]
+        if label_smoothing != 0.0:
+            spread = stats[:, 2:]
         e_y = torch.exp(shifted_y)
     total = others + e_y
     log_total = torch.log(total)
@@ -140,6 +170,15 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_lo
         weighted = a_y if focal_weight is None else a_y * focal_weight
         loss = -torch.where(a_y == 0.0, 0.0, weighted * log_p)
         mass = v
+    z_mass = None
+    if z_loss != 0.0:
+        # the row's log-sum-exp (over every rank): z_top + log S; kept rows only
+        lse = z_top + log_total
+        is_kept = kept != 0.0
+        loss = loss + torch.where(is_kept, z_loss * lse * lse, 0.0)
+        # d/dc_j z_loss lse^2 = 2 z_loss lse p_j: one more share of every p_j
+        z_mass = torch.where(is_kept, 2.0 * z_loss * lse, 0.0)
+        mass = mass + z_mass
     if grad_loss is None:
         return loss.squeeze(-1), None
     coefficient = grad_loss.unsqueeze(-1) * mass / total
@@ -152,22 +191,28 @@ def _linear_block(z, y, a_y, kept, class_weight, gamma, label_smoothing, grad_lo
             grad.sub_(uniform_mass)
             uniform_y = uniform_mass
         else:
-            grad.addcmul_(uniform_mass, class_weight, value=-1.0)
-            uniform_y = uniform_mass * class_weight[y]
+            grad.addcmul_(uniform_mass, weights, value=-1.0)
+            uniform_y = uniform_mass * weights[y]
         at_y = grad_loss.unsqueeze(-1) * (e_y / total * mass - (1.0 - label_smoothing) * a_y)
         at_y = at_y - uniform_y
     else:
         at_y = -(others / total) * grad_loss.unsqueeze(-1) * v
+        if z_mass is not None:
+            # the z-term's share at y: 2 z_loss lse p_y
+            at_y = at_y + grad_loss.unsqueeze(-1) * z_mass * (e_y / total)
     if shard is not None:
         # column y is the target only on the rank that owns it; elsewhere it keeps p_j v_y
         at_y = torch.where(owns, at_y, grad.gather(-1, y))
     grad = grad.scatter_(-1, y, at_y)
+    if dcap is not None:
+        # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+        grad = grad.mul_(dcap)
     return loss.squeeze(-1), grad
 
 
 def _linear_chunks(
     h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, head, rows, grad_loss,
-    kernel=False, shard=None,
+    kernel=False, shard=None, stats=None,
 ):  # fmt: skip
     """The per-row losses of logits = h w^T + b, one block of `rows` rows at a time, and (with
     `grad_loss`, per-row factors) the gradients of sum_i grad_loss_i l_i w.r.t. h, w and b.
@@ -175,19 +220,24 @@ def _linear_chunks(
     Each block's (rows, V) logits are formed in the compute dtype (float32 for half inputs);
     ``_linear_block`` turns them in place into the block's gradient G, mapped through the linear
     layer at once: dh = G w, dw += G^T h, db += sum_rows G. The focal loss with label smoothing
-    takes the softmax losses' dense path (``_softmax_loss_or_grad``) instead, and so do the LLM
-    head options `head` = (z_loss, softcap) (DESIGN 13): the cap and the z-term are applied to
-    each block's logits, never to an (N, V) tensor. The accumulators
+    takes the softmax losses' dense path (``_softmax_loss_or_grad``) instead, and so do, on one
+    device, the LLM head options `head` = (z_loss, softcap) (DESIGN 13; over ranks
+    ``_linear_block`` takes them): the cap and the z-term are applied to each block's logits,
+    never to an (N, V) tensor. The accumulators
     are in the compute dtype: float32 for half inputs (a bfloat16 running sum loses every small
     update). Ignored rows enter with hidden 0 (their loss and gradient are 0 whatever their
     features, NaN included). With `kernel` (``_linear_takes_triton``, decided once in forward,
     so a backward's recomputation takes the same path) each block's loss and gradient are one
-    Triton launch. With `shard` = (start, group), `w` and `b` are this rank's slice of the
-    classes (``_linear_block``'s row numbers cross ranks, three per row) and dh = G w is this
+    Triton launch. With `shard` = (start, group, V), `w` and `b` are this rank's slice of the
+    classes (``_linear_block``'s row numbers cross ranks, three per row, four with label
+    smoothing) and dh = G w is this
     slice's part of the hidden gradient: the parts are added with one all-reduce SUM of the
     (N, H) dh after the last block, in the compute dtype (Megatron's column-parallel linear
-    does the same in its backward); dw and db stay local. Returns (loss, dh, dw, db); the
-    gradients None without `grad_loss`, db None without `b`.
+    does the same in its backward); dw and db stay local. With `stats` = (lse, correct), (N,)
+    buffers, ``return_aux``'s per-row numbers are written there from each block's logits
+    before they turn into its gradient: logsumexp of the capped logits, and whether the largest
+    logit (the first on ties) is the target. Returns (loss, dh, dw, db); the gradients None
+    without `grad_loss`, db None without `b`.
     """
     dtype = _compute_dtype(h.dtype)
     num_rows = h.shape[0]
@@ -202,7 +252,10 @@ def _linear_chunks(
         dw = torch.zeros(w.shape, dtype=dtype, device=h.device)
         db = None if b is None else torch.zeros(b.shape, dtype=dtype, device=h.device)
     z_loss, softcap = head
-    dense = (gamma != 0.0 and label_smoothing != 0.0) or z_loss != 0.0 or softcap is not None
+    # one device: the LLM head options take the dense path; over ranks, the block's own
+    dense = (gamma != 0.0 and label_smoothing != 0.0) or (
+        shard is None and (z_loss != 0.0 or softcap is not None)
+    )
     # the Triton kernel (DESIGN 11): each block's loss and gradient in one launch, over the
     # block's own buffer; the matrix products stay torch's (cuBLAS)
     kernel = _kernels.softmax_ops().linear_block_ if kernel else None
@@ -219,6 +272,11 @@ def _linear_chunks(
         else:
             torch.addmm(b, h_block, w.T, out=z)
         block_grad = None if grad_loss is None else grad_loss[start : start + rows]
+        if stats is not None:
+            # return_aux (DESIGN 13): the row's lse of c and whether its top logit is the target
+            c = z if softcap is None else _softcap(z, softcap)[0]
+            stats[0][start : start + rows] = torch.logsumexp(c, dim=-1)
+            stats[1][start : start + rows] = torch.argmax(z, dim=-1) == y_block
         if kernel is not None:
             kernel(z, y_block, class_weight, gamma, ignore_index, loss[start : start + rows],
                    None if block_grad is None else block_grad.to(dtype))  # fmt: skip
@@ -237,7 +295,7 @@ def _linear_chunks(
             a_y = torch.where(keep, ones if class_weight is None else class_weight[y_safe], 0.0)
             kept = keep.to(dtype)
             block_loss, grad = _linear_block(
-                z, y_safe, a_y, kept, class_weight, gamma, label_smoothing, block_grad, shard
+                z, y_safe, a_y, kept, class_weight, gamma, label_smoothing, block_grad, shard, head
             )
         if kernel is None:
             loss[start : start + rows] = block_loss
@@ -282,29 +340,36 @@ class _LinearSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, w, b, y, class_weight, row_scale, options):
-        gamma, ignore_index, label_smoothing, head, rows, per_row, shard = options
+        gamma, ignore_index, label_smoothing, head, rows, per_row, shard, aux = options
         needs = any(ctx.needs_input_grad[:3])
         grad_loss = None
         if needs and not per_row:
             grad_loss = row_scale.expand(h.shape[0])
         ctx.kernel = shard is None and _linear_takes_triton(h, class_weight, label_smoothing, head)
+        stats = None
+        if aux:
+            # return_aux's per-row lse and correct, from the same pass (no gradient)
+            lse = torch.empty(h.shape[0], dtype=_compute_dtype(h.dtype), device=h.device)
+            stats = (lse, torch.empty(h.shape[0], dtype=torch.bool, device=h.device))
         loss, dh, dw, db = _linear_chunks(
             h, w, b, y, class_weight, gamma, ignore_index, label_smoothing, head, rows, grad_loss,
-            ctx.kernel, shard,
+            ctx.kernel, shard, stats,
         )  # fmt: skip
         ctx.save_for_backward(h, w, b, y, class_weight, row_scale)
         ctx.options = options
         ctx.precomputed = None if grad_loss is None else (dh, dw, db)
-        if per_row:
-            return loss
         # each term divided before summing: 0 when nothing is kept (row_scale 0)
-        return (loss * row_scale).sum()
+        out = loss if per_row else (loss * row_scale).sum()
+        if stats is None:
+            return out
+        ctx.mark_non_differentiable(*stats)
+        return (out, *stats)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_output):
+    def backward(ctx, grad_output, *_):
         h, w, b, y, class_weight, row_scale = ctx.saved_tensors
-        gamma, ignore_index, label_smoothing, head, rows, per_row, shard = ctx.options
+        gamma, ignore_index, label_smoothing, head, rows, per_row, shard, _ = ctx.options
         if ctx.precomputed is not None:
             dh, dw, db = ctx.precomputed
             ctx.precomputed = None
@@ -342,6 +407,7 @@ def _linear_softmax(
     softcap,
     chunk_size,
     process_group=None,
+    return_aux=False,
 ):
     """Validates the fused loss's arguments and applies ``_LinearSoftmax`` to the rows of
     `hidden` (``spec._linear_softmax``, without its (N, V) logits); with `process_group`,
@@ -366,21 +432,22 @@ def _linear_softmax(
     ignore_index = _checks.ignore_index(ignore_index)
     label_smoothing = _unit_interval("label_smoothing", label_smoothing)
     head = (_checks.z_loss(z_loss), _checks.softcap(softcap))
-    shard = None
-    num_classes = num_local
-    if process_group is not None:
-        process_group = _process_group(process_group)
-        _linear_parallel_refuses(label_smoothing, *head)
-        # where this rank's rows of the weight start among the classes, and V over every rank
-        start, num_classes = _class_slice(
-            num_local, process_group, hidden.device, name="linear_weight"
-        )
-        shard = (start, process_group)
+    return_aux = _checks.return_aux(return_aux)
     if is_focal:
         gamma = _gamma(gamma)
         name = "alpha"
     else:
         name = "weight"
+    shard = None
+    num_classes = num_local
+    if process_group is not None:
+        process_group = _process_group(process_group)
+        _linear_parallel_refuses(label_smoothing, gamma, return_aux)
+        # where this rank's rows of the weight start among the classes, and V over every rank
+        start, num_classes = _class_slice(
+            num_local, process_group, hidden.device, name="linear_weight"
+        )
+        shard = (start, process_group, num_classes)
     vector = class_weight_arg
     dtype = _compute_dtype(hidden.dtype)
     if vector is not None and not isinstance(vector, numbers.Real):
@@ -437,11 +504,30 @@ def _linear_softmax(
         # up to 1/16 of the logits (64 MiB blocks at most): at (4096, 256, 32000) 256 rows, 1.3x
         # faster than 128 rows on CPU, the block 0.0625x the logits
         chunk_size = _checks.default_chunk_size(h.shape[0], num_local, budget, fraction=16)
-    options = (gamma, ignore_index, label_smoothing, head, chunk_size, reduction == "none", shard)
+    per_row = reduction == "none"
+    options = (gamma, ignore_index, label_smoothing, head, chunk_size, per_row, shard, return_aux)
     loss = _LinearSoftmax.apply(h, linear_weight, bias, y, class_weight, row_scale, options)
+    aux = None
+    if return_aux:
+        loss, lse, correct = loss
+        aux = _linear_aux(lse, correct, keep, head[0], reduction, normalizer, targets.shape)
+        aux = {key: value.to(hidden.dtype) for key, value in aux.items()}
     if reduction == "none":
         loss = loss.reshape(targets.shape)
-    return loss.to(hidden.dtype)
+    loss = loss.to(hidden.dtype)
+    return loss if aux is None else (loss, aux)
+
+
+def _linear_aux(lse, correct, keep, z_loss, reduction, normalizer, shape):
+    """``return_aux``'s statistics (``spec._linear_aux``) from the per-row lse and correct of
+    the block pass: 0 where not kept, z_term = z_loss lse^2, reduced as the spec says (the
+    kept rows' mean, or over `normalizer`)."""
+    lse = torch.where(keep, lse, 0.0)
+    stats = {"lse": lse, "z_term": z_loss * lse * lse, "correct": (correct & keep).to(lse.dtype)}
+    if reduction == "none":
+        return {key: value.reshape(shape) for key, value in stats.items()}
+    divisor = _mean_divisor(keep.sum(), normalizer)
+    return {key: _reduce(value, reduction, divisor) for key, value in stats.items()}
 
 
 def linear_softmax_cross_entropy(
@@ -458,8 +544,9 @@ def linear_softmax_cross_entropy(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    return_aux: bool = False,
     process_group: dist.ProcessGroup | None = None,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, dict]:
     """Softmax cross entropy of ``F.linear(hidden, linear_weight, bias)`` without the (N, V)
     logits (``spec.linear_softmax_cross_entropy``).
 
@@ -478,11 +565,13 @@ def linear_softmax_cross_entropy(
     global length-V vector) and `normalizer` the same on every rank. Each block of rows forms
     its local logits and crosses ranks with three numbers per row (all-reduce MAX of the
     largest logit, all-reduce SUM of the target's shifted logit and the other classes' sum of
-    exponentials); no row is gathered. Every rank gets the same loss. Backward: the gradients
-    of `linear_weight` and `bias` are the rank's slice of the full ones, computed locally; the
-    gradient of `hidden` is sum_r G_r W_r, one all-reduce SUM of the (N, H) gradient per call
-    (as Megatron's column-parallel linear does in its backward), so every rank gets the full
-    one. `label_smoothing`, `z_loss` and `softcap` raise with `process_group`.
+    exponentials; with `label_smoothing` the same SUM carries a fourth, the row's class-weighted
+    sum of logits); no row is gathered. `softcap` is applied to each rank's logits, `z_loss`
+    takes the row's log-sum-exp from those numbers. Every rank gets the same loss. Backward:
+    the gradients of `linear_weight` and `bias` are the rank's slice of the full ones,
+    computed locally; the gradient of `hidden` is sum_r G_r W_r, one all-reduce SUM of the
+    (N, H) gradient per call (as Megatron's column-parallel linear does in its backward), so
+    every rank gets the full one; the focal loss with `label_smoothing` and gamma != 0 raises.
     """
     return _linear_softmax(
         hidden,
@@ -500,6 +589,7 @@ def linear_softmax_cross_entropy(
         softcap,
         chunk_size,
         process_group,
+        return_aux,
     )
 
 
@@ -518,13 +608,15 @@ def linear_softmax_focal_loss(
     z_loss: float = 0.0,
     softcap: float | None = None,
     chunk_size: int | None = None,
+    return_aux: bool = False,
     process_group: dist.ProcessGroup | None = None,
-) -> Tensor:
+) -> Tensor | tuple[Tensor, dict]:
     """Softmax focal loss of ``F.linear(hidden, linear_weight, bias)`` without the (N, V) logits
     (``spec.linear_softmax_focal_loss``); layout, blocks and dtypes as
     ``linear_softmax_cross_entropy``. A vector `alpha` that requires grad raises.
     `process_group`: the classes split over ranks as ``linear_softmax_cross_entropy``'s (the
-    focal terms are functions of the same three numbers per row; `alpha` the global vector)."""
+    focal terms are functions of the same three numbers per row; `alpha` the global vector);
+    `label_smoothing` with gamma != 0 raises there."""
     return _linear_softmax(
         hidden,
         linear_weight,
@@ -541,4 +633,5 @@ def linear_softmax_focal_loss(
         softcap,
         chunk_size,
         process_group,
+        return_aux,
     )
