@@ -614,15 +614,15 @@ LINEAR_SHARDED_LOSSES = _registry.LINEAR_NAMES
 # multiple of the chunk sizes (a partial last block of rows)
 LINEAR_SHAPE = (45, 16, 96)
 LINEAR_WORLD = 2
-# per loss, (options, reduction): the plain loss, then class weights / alpha with the LLM head
-# options (DESIGN 13) and, for the cross entropy, label smoothing ("vector": a ramp)
+# per loss family, (options, reduction): the plain loss, then class weights / alpha with the LLM
+# head options (DESIGN 13) and, for the cross entropy, label smoothing ("vector": a ramp)
 LINEAR_PLANS = {
-    "linear_softmax_cross_entropy": (
+    "cross_entropy": (
         ({"chunk_size": 16}, "mean"),
         ({"weight": "vector", "label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 8.0,
           "chunk_size": 11}, "none"),
     ),
-    "linear_softmax_focal_loss": (
+    "focal": (
         ({"gamma": 2.0, "chunk_size": 16}, "mean"),
         ({"gamma": 0.5, "alpha": "vector", "z_loss": 1e-3, "softcap": 8.0, "chunk_size": 11},
          "none"),
@@ -758,7 +758,8 @@ def _linear_child(backend, rank, dtypes, losses, chosen, path, port):
                 return candidate
 
         for loss in losses:
-            for options, reduction in LINEAR_PLANS[loss]:
+            plans = LINEAR_PLANS["focal" if _registry.get(loss).is_focal else "cross_entropy"]
+            for options, reduction in plans:
                 values = L.option_values(options, v)
                 for dtype in dtypes:
                     fn = sharded(loss, values, reduction)
