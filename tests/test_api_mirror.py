@@ -189,7 +189,7 @@ BACKEND_EXTRAS = {
         # and the reductions shared with the single-device path (softmax)
         "_process_group", "_is_dtensor", "_from_dtensor", "_to_dtensor", "_class_slice",
         "_batch_group", "_VocabParallel", "_softmax_vocab_parallel", "_softmax_sharded",
-        "_softmax_reduce",
+        "_softmax_reduce", "_kept_weight_sum",
         # the LLM head options (DESIGN 13): over a process group, each slice capped (``_SoftCap``),
         # return_aux's statistics and the first top class over the ranks; in the fast path's own
         # passes: the capped logits in one temporary, the cap's derivative as 1 / cosh^2, and

@@ -265,7 +265,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(args, parser) -> int:
     from . import backends as B
-    from . import devices, report, runner
+    from . import devices, runner
 
     for name, values, allowed in (("--backends", args.backends, B.BACKENDS),
                                   ("--dtypes", args.dtypes, B.DTYPES),
@@ -320,6 +320,14 @@ def _run(args, parser) -> int:
             result.config["linear_losses"] = linear
     except ValueError as error:  # devices.DeviceError, or a device name it cannot read
         parser.error(str(error))
+    return _summarise(result, args)
+
+
+def _summarise(result, args) -> int:
+    """Prints the run's summary, writes the report where --report asks, and gives the exit
+    status: the one ending of `run` and `run --sharded`."""
+    from . import report
+
     print(report.terminal_summary(result, args.max_failures))
     if args.report:
         os.makedirs(args.report, exist_ok=True)
@@ -334,7 +342,7 @@ def _run(args, parser) -> int:
 
 def _run_sharded(args, parser) -> int:
     """--sharded: JAX in a subprocess with 8 forced host devices, torch in gloo processes."""
-    from . import report, sharded
+    from . import sharded
 
     for flag, given in (("--peers", args.peers), ("--only-peers", args.only_peers),
                         ("--compile", args.compile), ("--no-jit", args.no_jit),
@@ -348,13 +356,7 @@ def _run_sharded(args, parser) -> int:
             f"--sharded judges {', '.join(judged)}. Received: --losses {','.join(args.losses)}."
         )
     result = sharded.run_profile(args.backends, args.dtypes, losses, args.regions, args.level)
-    print(report.terminal_summary(result, args.max_failures))
-    if args.report:
-        os.makedirs(args.report, exist_ok=True)
-        report.write_json(result, os.path.join(args.report, "parity.json"))
-        path = report.write_markdown(result, args.report)
-        print(f"report: {path}, {os.path.join(args.report, 'parity.json')}")
-    return OK if result.ok else FAILED
+    return _summarise(result, args)
 
 
 def _check(args, parser) -> int:

@@ -50,7 +50,7 @@ import numpy as np
 
 from .. import losses as _registry
 from . import backends as B
-from .runner import Failure, Record, RunResult, evaluate, make_failure, minimise
+from .runner import Record, RunResult, evaluate, make_failure, minimise
 
 HOST_DEVICES = 8
 # the JAX meshes of the profile: (label, shape, axis names, class axis, how it is called)
@@ -592,6 +592,9 @@ def run_profile(backends, dtypes, losses, regions, level="quick") -> RunResult:
 
 
 def _merge(result: RunResult, path: str, what: str, child) -> None:
+    """Adds what a child (a JAX subprocess or rank 0 of a gloo world) pickled to `path`:
+    (records, failures, notes), the notes that say it crashed listed as untested; a child that
+    wrote nothing is untested, with the tail of its output."""
     if not os.path.exists(path):
         tail = "" if child is None else (child.stderr or child.stdout)[-2000:]
         result.untested.append(f"{what}: the process wrote no results. {tail}")
@@ -602,7 +605,7 @@ def _merge(result: RunResult, path: str, what: str, child) -> None:
     result.untested += crashed
     result.notes += [n for n in notes if n not in crashed]
     result.records += records
-    result.failures += [f for f in failures if isinstance(f, Failure)]
+    result.failures += failures
 
 
 # ----------------------------------------------------------------------------------------------
@@ -672,15 +675,7 @@ def _linear_sharded(result, backends, dtypes, losses, regions, root) -> None:
                 result.untested.append(f"torch_impl fused linear on 2 gloo ranks: {error}")
             outcomes.append((path, "torch_impl fused linear (process_group, 2 ranks)", None))
         for path, what, child in outcomes:
-            if not os.path.exists(path):
-                tail = "" if child is None else (child.stderr or child.stdout)[-2000:]
-                result.untested.append(f"{what}: the process wrote no results. {tail}")
-                continue
-            with open(path, "rb") as handle:
-                records, failures, crashed = pickle.load(handle)
-            result.untested += crashed
-            result.records += records
-            result.failures += failures
+            _merge(result, path, what, child)
 
 
 def _linear_torch_rank(rank, backend, dtypes, losses, chosen, path, port):
@@ -810,7 +805,7 @@ def _linear_child(backend, rank, dtypes, losses, chosen, path, port):
                                 f"{loss} --regions {region} --dtypes {dtype}",
                             ))  # fmt: skip
     except BaseException:  # noqa: BLE001 - handed to the parent, which reports it
-        crashed.append(f"{backend} fused linear, rank {rank}: {traceback.format_exc()}")
+        crashed.append(f"{backend} fused linear, rank {rank} crashed: {traceback.format_exc()}")
     if rank == 0:
         with open(path, "wb") as handle:
             pickle.dump((records, failures, crashed), handle)

@@ -1143,12 +1143,7 @@ def _softmax_sharded(
     if reduction == "mean" and normalizer is None:
         count = torch.tensor(loss.numel(), device=loss.device) if keep is None else keep.sum()
         if is_index and not is_focal and class_weight is not None:
-            # torch: the weighted mean divides by the weights of the kept targets
-            if keep is None:
-                denominator = class_weight[targets].sum()
-            else:
-                kept = torch.where(keep, targets, 0)
-                denominator = torch.where(keep, class_weight[kept], 0.0).sum()
+            denominator = _kept_weight_sum(targets, keep, class_weight)
         else:
             denominator = count
         if batch_group is not None:
@@ -1283,6 +1278,13 @@ def _softmax_aux(
         }
 
 
+def _kept_weight_sum(targets, keep, class_weight):
+    """torch's weighted mean's denominator: the class weights of the kept targets, summed."""
+    if keep is None:
+        return class_weight[targets].sum()
+    return torch.where(keep, class_weight[torch.where(keep, targets, 0)], 0.0).sum()
+
+
 def _softmax_reduce(
     loss, logits, targets, where, class_weight, axis, ignore_index, is_index, is_focal, reduction,
     normalizer,
@@ -1295,12 +1297,7 @@ def _softmax_reduce(
         valid = None if where is None else where.expand(logits.shape).movedim(axis, -1)
         keep = _softmax_keep(targets, valid, ignore_index, is_index)
         if is_index and not is_focal and class_weight is not None:
-            # torch: the weighted mean divides by the weights of the kept targets
-            if keep is None:
-                denominator = class_weight[targets].sum()
-            else:
-                targets = torch.where(keep, targets, 0)
-                denominator = torch.where(keep, class_weight[targets], 0.0).sum()
+            denominator = _kept_weight_sum(targets, keep, class_weight)
         elif keep is not None:
             # plain mean over the kept elements (probability targets: those with a class left)
             denominator = keep.sum()
