@@ -210,7 +210,6 @@ def jax_times(n, h, v, reps):
 
 
 LLM_LINEAR = (8192, 4096, 128256)
-LLM_LOGITS = (8192, 128256)
 LLM_METHODS = ("linear_ours", "linear_ours_focal", "linear_unfused", "linear_tokamax",
                "logits_ours", "logits_optax")  # fmt: skip
 # torch (issue 26): ours (Triton kernels on CUDA), torch's own, Liger-Kernel's where installed
@@ -219,19 +218,20 @@ TORCH_LLM_METHODS = ("torch_linear_ours", "torch_linear_ours_focal", "torch_line
                      "torch_logits_torch", "torch_logits_liger")  # fmt: skip
 
 
-def _llm_function(method):
-    """(jitted value_and_grad, its arguments) of one LLM-head method, bfloat16 inputs."""
+def _llm_function(method, shape=LLM_LINEAR):
+    """(jitted value_and_grad, its arguments) of one LLM-head method, bfloat16 inputs (N, H, V
+    `shape`; the logits N x V)."""
     import jax
     import jax.numpy as jnp
     import optax
 
     from dualloss import jax_impl
 
-    n, h, v = LLM_LINEAR
+    n, h, v = shape
     keys = jax.random.split(jax.random.PRNGKey(0), 3)
     targets = jax.random.randint(keys[2], (n,), 0, v)
     if method.startswith("logits_"):
-        logits = (2.0 * jax.random.normal(keys[0], LLM_LOGITS, jnp.float32)).astype(jnp.bfloat16)
+        logits = (2.0 * jax.random.normal(keys[0], (n, v), jnp.float32)).astype(jnp.bfloat16)
         fn = {
             "logits_ours": lambda z: jax_impl.softmax_cross_entropy(z, targets),
             "logits_optax": lambda z: optax.softmax_cross_entropy_with_integer_labels(
@@ -259,12 +259,12 @@ def _llm_function(method):
     return jax.jit(jax.value_and_grad(fn, argnums=(0, 1))), (hidden, weight)
 
 
-def llm_one(method, reps):
+def llm_one(method, reps, shape=LLM_LINEAR):
     """One method in this process: median seconds, peak device bytes beyond the inputs
     (``memory_stats``) and XLA's temp bytes, as a JSON line."""
     import jax
 
-    fn, args = _llm_function(method)
+    fn, args = _llm_function(method, shape)
     jax.block_until_ready(args)
     device = jax.devices()[0]
     base = (device.memory_stats() or {}).get("bytes_in_use", 0)
@@ -276,7 +276,7 @@ def llm_one(method, reps):
         jax.block_until_ready(fn(*args))
         times.append(time.perf_counter() - start)
     peak = (device.memory_stats() or {}).get("peak_bytes_in_use")
-    n, v = LLM_LOGITS
+    n, _, v = shape
     print(json.dumps({
         "method": method, "seconds": statistics.median(times), "temp_bytes": temp,
         "peak_beyond_inputs_bytes": None if peak is None else peak - base,
@@ -579,7 +579,7 @@ def main(argv=None):
         torch_llm_one(args.llm_one, args.reps, shape or LLM_LINEAR)
         return
     if args.llm_one:
-        llm_one(args.llm_one, args.reps)
+        llm_one(args.llm_one, args.reps, shape or LLM_LINEAR)
         return
     if args.llm:
         frameworks = tuple(args.llm_frameworks.split(","))

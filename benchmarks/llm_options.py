@@ -3,9 +3,13 @@ plain softmax cross entropy, in each backend, with the hand-written composition 
 
     python -m benchmarks.llm_options                        # 4096x1000, 512x32000
     python -m benchmarks.llm_options --shapes 4096x1000 --reps 41
+    python -m benchmarks.llm_options --device gpu:0 --llm   # also (8192, 128256) bfloat16
 
-Per framework, forward + backward of the mean loss over float32 logits with class-index
-targets (CPU, 2 threads by default for torch; JAX jitted value_and_grad):
+Per framework, forward + backward of the mean loss over logits with class-index targets (float32,
+or ``--dtype bfloat16``; ``--llm`` adds the LLM head's (8192, 128256) in bfloat16), on
+``--device`` (``cpu`` or ``gpu:N``; default ``gpu:0`` where a GPU is present, as
+``benchmarks.run``): torch eagerly (its Triton kernels on CUDA, ``torch.cuda.synchronize``
+around each timing), JAX a jitted value_and_grad with its inputs placed on the device:
 
 * plain: ``softmax_cross_entropy`` (torch: its class-index fast path);
 * options: the same with ``z_loss=1e-4, softcap=30.0`` (Gemma 2's cap, PaLM's weight);
@@ -28,24 +32,37 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from benchmarks.run import allocator_line, make_inputs, parse_shapes, reexec_for_allocator
+from benchmarks.run import (
+    allocator_line,
+    device_name,
+    make_inputs,
+    parse_shapes,
+    reexec_for_allocator,
+)
 from dualloss import losses
+from dualloss.parity import devices as D
 
 SHAPES = ((4096, 1000), (512, 32000))
+# the LLM head (issues 26, 27): Llama 3's vocabulary, a batch of 8192 tokens, bfloat16
+LLM_SHAPE = (8192, 128256)
+DTYPES = ("float32", "bfloat16")
 Z_LOSS = 1e-4
 SOFTCAP = 30.0
 NAMES = ("plain", "options", "hand-written")
 
 
-def torch_steps(shape) -> dict[str, Callable[[], None]]:
+def torch_steps(shape, device="cpu", dtype="float32") -> dict[str, Callable[[], float]]:
+    """The three steps on `device` (canonical: 'cpu', 'gpu:N'), each returning its ms."""
     import torch
     import torch.nn.functional as F
 
     from dualloss import torch_impl
 
+    device = D.torch_name(device)
     logits_np, targets_np = make_inputs(losses.SOFTMAX_CROSS_ENTROPY.name, shape)
-    logits = torch.from_numpy(logits_np).requires_grad_(True)
-    targets = torch.from_numpy(targets_np)
+    logits = torch.from_numpy(logits_np).to(device, getattr(torch, dtype)).requires_grad_(True)
+    targets = torch.from_numpy(targets_np).to(device)
+    cuda = device.startswith("cuda")
 
     def hand_written(z, t):
         c = SOFTCAP * torch.tanh(z / SOFTCAP)
@@ -60,25 +77,33 @@ def torch_steps(shape) -> dict[str, Callable[[], None]]:
     }
 
     def step(fn):
-        def run():
+        def run() -> float:
             logits.grad = None
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
             fn(logits, targets).backward()
+            if cuda:
+                torch.cuda.synchronize(device)
+            return (time.perf_counter() - start) * 1e3
 
         return run
 
     return {name: step(fn) for name, fn in fns.items()}
 
 
-def jax_steps(shape) -> dict[str, Callable[[], None]]:
+def jax_steps(shape, device="cpu", dtype="float32") -> dict[str, Callable[[], float]]:
+    """The three steps, jitted, their inputs placed on `device`; each returns its ms."""
     import jax
     import jax.numpy as jnp
     import optax
 
     from dualloss import jax_impl
 
+    placed = D.device_object("jax", device)
     logits_np, targets_np = make_inputs(losses.SOFTMAX_CROSS_ENTROPY.name, shape)
-    logits = jnp.asarray(logits_np)
-    targets = jnp.asarray(targets_np)
+    logits = jax.device_put(jnp.asarray(logits_np, getattr(jnp, dtype)), placed)
+    targets = jax.device_put(jnp.asarray(targets_np), placed)
 
     def hand_written(z, t):
         c = SOFTCAP * jnp.tanh(z / SOFTCAP)
@@ -96,24 +121,25 @@ def jax_steps(shape) -> dict[str, Callable[[], None]]:
     def step(fn):
         jitted = jax.jit(jax.value_and_grad(fn))
 
-        def run():
+        def run() -> float:
+            start = time.perf_counter()
             jax.block_until_ready(jitted(logits, targets))
+            return (time.perf_counter() - start) * 1e3
 
         return run
 
     return {name: step(fn) for name, fn in fns.items()}
 
 
-def measure(steps: dict[str, Callable[[], None]], reps: int, warmup: int) -> dict[str, float]:
+def measure(steps: dict[str, Callable[[], float]], reps: int, warmup: int) -> dict[str, float]:
     """Median ms of each step and the paired ratios against 'plain'."""
     times: dict[str, list[float]] = {name: [] for name in NAMES}
     for i in range(warmup + reps):
         order = NAMES[i % 3 :] + NAMES[: i % 3]
         for name in order:
-            start = time.perf_counter()
-            steps[name]()
+            ms = steps[name]()
             if i >= warmup:
-                times[name].append((time.perf_counter() - start) * 1e3)
+                times[name].append(ms)
     result = {f"{name} ms": statistics.median(times[name]) for name in NAMES}
     for name in NAMES[1:]:
         result[f"{name} / plain"] = statistics.median(
@@ -131,28 +157,49 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=21, help="timed repetitions (default 21)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed repetitions first")
     parser.add_argument("--frameworks", default="torch,jax", help="torch, jax or both")
+    parser.add_argument("--device", default="auto", help="cpu or gpu:N (default: gpu:0 if any)")
+    parser.add_argument("--dtype", default="float32", help="the logits' dtype: float32, bfloat16")
+    parser.add_argument("--llm", action="store_true", help=f"also {LLM_SHAPE} in bfloat16")
     args = parser.parse_args(argv)
     if args.reps < 1 or args.warmup < 0:
         parser.error(
             f"--reps must be >= 1 and --warmup >= 0. Received: {args.reps}, {args.warmup}."
         )
-    shapes = parse_shapes(args.shapes) if args.shapes else list(SHAPES)
+    if args.dtype not in DTYPES:
+        parser.error(f"--dtype must be one of {', '.join(DTYPES)}. Received: {args.dtype!r}.")
     frameworks = [f for f in args.frameworks.split(",") if f]
+    unknown = sorted(set(frameworks) - {"torch", "jax"})
+    if unknown or not frameworks:
+        parser.error(f"--frameworks takes torch and jax. Received: {args.frameworks!r}.")
+    try:
+        device = device_name(args.device, tuple(frameworks))
+    except ValueError as error:  # devices.DeviceError: a device a framework lacks
+        parser.error(str(error))
+    try:
+        shapes = parse_shapes(args.shapes) if args.shapes else list(SHAPES)
+    except ValueError:
+        parser.error(
+            f"--shapes takes comma-separated NxC, e.g. 4096x1000. Received: {args.shapes!r}."
+        )
+    runs = [(shape, args.dtype) for shape in shapes]
+    if args.llm:
+        runs.append((LLM_SHAPE, "bfloat16"))
     print(
-        f"load average {os.getloadavg()[0]:.2f} at the start, {args.reps} repetitions, float32, "
-        f"z_loss={Z_LOSS}, softcap={SOFTCAP}. " + allocator_line()
+        f"device {device}, load average {os.getloadavg()[0]:.2f} at the start, {args.reps} "
+        f"repetitions, z_loss={Z_LOSS}, softcap={SOFTCAP}. " + allocator_line()
     )
     print()
     print(
-        "| framework | N x C | plain ms | options ms | hand-written ms | options / plain | "
-        "hand-written / plain | options / hand-written |\n|---|---|---:|---:|---:|---:|---:|---:|"
+        "| framework | N x C | dtype | plain ms | options ms | hand-written ms | options / plain | "
+        "hand-written / plain | options / hand-written |\n"
+        "|---|---|---|---:|---:|---:|---:|---:|---:|"
     )
     for framework in frameworks:
         make = torch_steps if framework == "torch" else jax_steps
-        for shape in shapes:
-            r = measure(make(shape), args.reps, args.warmup)
+        for shape, dtype in runs:
+            r = measure(make(shape, device, dtype), args.reps, args.warmup)
             print(
-                f"| {framework} | {shape[0]}x{shape[1]} | {r['plain ms']:.2f} | "
+                f"| {framework} | {shape[0]}x{shape[1]} | {dtype} | {r['plain ms']:.2f} | "
                 f"{r['options ms']:.2f} | {r['hand-written ms']:.2f} | "
                 f"{r['options / plain']:.2f} | {r['hand-written / plain']:.2f} | "
                 f"{r['options / hand-written']:.2f} |"

@@ -261,3 +261,23 @@ def test_llm_options_benchmark_compares_like_with_like():
     for got in (hand, ours, ours_jax):
         assert float(got) == pytest.approx(float(want), rel=1e-5)
     assert llm_options.main(["--shapes", "16x7", "--reps", "1", "--warmup", "0"]) == 0
+    # the GPU script's spelling: a device and the LLM head's dtype
+    tiny = ["--shapes", "16x7", "--reps", "1", "--warmup", "0", "--frameworks", "jax"]
+    assert llm_options.main([*tiny, "--device", "cpu", "--dtype", "bfloat16"]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--dtype", "float16"], "--dtype must be one of float32, bfloat16. Received: 'float16'."),
+        (["--shapes", "4096"], "--shapes takes comma-separated NxC"),
+        (["--frameworks", "tf"], "--frameworks takes torch and jax. Received: 'tf'."),
+        (["--device", "tpu:0"], "tpu:0"),
+    ],
+)
+def test_llm_options_benchmark_refuses_bad_arguments(argv, message, capsys):
+    from benchmarks import llm_options
+
+    with pytest.raises(SystemExit):
+        llm_options.main([*argv, "--reps", "1"])
+    assert message in capsys.readouterr().err
