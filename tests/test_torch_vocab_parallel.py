@@ -18,10 +18,6 @@ slice's gradient and the collectives it issued. Here the slices are put together
 
 from __future__ import annotations
 
-import os
-import socket
-import traceback
-
 import numpy as np
 import pytest
 
@@ -30,7 +26,7 @@ dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
     pytest.skip("torch.distributed is not available", allow_module_level=True)
 
-import torch.multiprocessing as mp  # noqa: E402
+import gloo  # noqa: E402
 
 from dualloss import spec  # noqa: E402
 from dualloss import torch_impl as ti  # noqa: E402
@@ -243,19 +239,6 @@ def _refuse(name):
     return refuse
 
 
-def _worker(rank, world, port, out_dir):
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    results = {"cases": {}, "dtensor": {}, "errors": {}}
-    try:
-        _worker_cases(rank, world, results)
-    except BaseException:  # noqa: BLE001 (handed to the parent, which fails with it)
-        results["crash"] = traceback.format_exc()
-    torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-    dist.destroy_process_group()
-
-
 def _worker_cases(rank, world, results):
     sizes = SIZES[world]
     start = sum(sizes[:rank])
@@ -443,24 +426,13 @@ def _worker_errors(rank, world, results):
             results["errors"][what] = (type(error).__name__, str(error))
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=sorted(SIZES))
 def world(request, tmp_path_factory):
     """{rank: results} of one spawned gloo world of `request.param` processes."""
     size = request.param
-    out_dir = str(tmp_path_factory.mktemp(f"world{size}"))
-    mp.spawn(_worker, args=(size, _free_port(), out_dir), nprocs=size, join=True)
-    ranks = {
-        r: torch.load(os.path.join(out_dir, f"rank{r}.pt"), weights_only=False) for r in range(size)
-    }
-    for rank, results in ranks.items():
-        assert "crash" not in results, f"rank {rank}:\n{results['crash']}"
-    return size, ranks
+    out_dir = tmp_path_factory.mktemp(f"world{size}")
+    keys = ("cases", "dtensor", "errors")
+    return size, gloo.spawn_world(size, out_dir, (_worker_cases,), keys=keys)
 
 
 # ----------------------------------------------------------------------------------------------
