@@ -195,6 +195,9 @@ BACKEND_EXTRAS = {
         # passes: the capped logits in one temporary, the cap's derivative as 1 / cosh^2, and
         # logsumexp from the fast path's softmax
         "_SoftCap", "_vocab_parallel_aux", "_first_top",
+        # the focal terms of every class over a process group (jax_impl's _sharded_log_softmax
+        # and _sharded_focal_terms)
+        "_vocab_parallel_log_softmax", "_VocabParallelDense",
         "_capped_logits", "_times_dcap", "_target_lse",
         # the fused linear losses over a process group: what they refuse (as jax_impl's)
         "_linear_parallel_refuses",

@@ -98,6 +98,29 @@ OPTION_LOSSES = {
             "reduction": "sum",
         },
     ),  # fmt: skip
+    # the focal loss with a target mass on every class (the dense terms, DESIGN 12)
+    "focal_smoothing_alpha_head": (
+        "softmax_focal_loss",
+        {"gamma": 2.0, "label_smoothing": 0.1, "alpha": "vector", "z_loss": 1e-3, "softcap": 10.0},
+    ),
+    "focal_smoothing_where": (
+        "softmax_focal_loss",
+        {"gamma": 0.5, "label_smoothing": 0.3, "where": "mask", "reduction": "none"},
+    ),
+    "focal_probabilities_where": (
+        "softmax_focal_loss",
+        {"targets": "probabilities", "gamma": 1.5, "where": "mask", "reduction": "sum"},
+    ),
+    "focal_probabilities_smoothing_alpha": (
+        "softmax_focal_loss",
+        {
+            "targets": "probabilities",
+            "gamma": 2.0,
+            "label_smoothing": 0.2,
+            "alpha": "vector",
+            "z_loss": 1e-4,
+        },
+    ),  # fmt: skip
 }
 # DTensor logits on a 2 x 2 data x vocab mesh: (option loss, how the rows are laid out)
 DTENSOR_2D_CASES = {
@@ -398,12 +421,12 @@ def _worker_errors(rank, world, results):
         "group_type": lambda: ti.softmax_focal_loss(
             local, torch.tensor(targets), process_group="world"
         ),
-        "probabilities": lambda: ti.softmax_focal_loss(
-            local, torch.full((N, sizes[rank]), 0.1), process_group=dist.group.WORLD
-        ),
-        "label_smoothing": lambda: ti.softmax_focal_loss(
-            local, torch.tensor(targets), label_smoothing=0.1, process_group=dist.group.WORLD
-        ),
+        "alpha_grad": lambda: ti.softmax_focal_loss(
+            local,
+            torch.full((N, sizes[rank]), 0.1),
+            alpha=torch.ones(C, requires_grad=True),
+            process_group=dist.group.WORLD,
+        ),  # fmt: skip
         "smoothing_weight_grad": lambda: ti.softmax_cross_entropy(
             local,
             torch.tensor(targets),
@@ -579,15 +602,10 @@ def test_bad_input_gets_one_sentence_naming_the_argument(world):
         kind, message = errors["group_type"]
         assert kind == "TypeError" and message.startswith("`process_group` must be a torch")
         assert "Received: process_group of type str." in message
-        kind, message = errors["probabilities"]
-        assert kind == "ValueError" and message.startswith(
-            "`gamma` must be 0 for probability targets when the classes are split"
-        )
-        assert message.endswith("Received: gamma=2.0.")
-        kind, message = errors["label_smoothing"]
-        assert kind == "ValueError" and message.startswith("`gamma` must be 0 for label_smoothing")
         kind, message = errors["smoothing_weight_grad"]
         assert kind == "ValueError" and message.startswith("`weight` must not require grad")
+        kind, message = errors["alpha_grad"]
+        assert kind == "ValueError" and message.startswith("`alpha` must not require grad")
         kind, message = errors["replicated_dtensor"]
         assert kind == "ValueError" and "placements=(Replicate(),)" in message
 
@@ -621,8 +639,8 @@ def test_head_options_smoothing_and_where_match_the_spec_and_unsharded_torch(wor
 
 
 def _option_collectives(loss):
-    """The all-reduces docs/scaling.md says an option case issues, forward and backward, and
-    those return_aux adds: (op, numbers)."""
+    """The all-reduces docs/scaling.md says an option case issues, forward and backward, those
+    of its forward alone (no gradient asked) and those return_aux adds: (op, numbers)."""
     _, options = OPTION_LOSSES[loss]
     probabilities = options.get("targets") == "probabilities"
     expected = [("SUM", None)]  # the slice sizes (one per rank)
@@ -632,6 +650,13 @@ def _option_collectives(loss):
         columns = 1 if probabilities else 2 + bool(options.get("label_smoothing"))
         expected.append(("SUM", columns * N))
     expected.append(("MAX", N))
+    dense = probabilities or bool(options.get("label_smoothing"))
+    if dense and options.get("gamma"):
+        # the focal terms of every class: the first top class, s, the row's largest v and its
+        # place, then the loss, v's total and v's sum off its largest
+        forward = [*expected, ("MIN", N), ("SUM", N), ("SUM", N)]
+        expected += [("MIN", N), ("SUM", N), ("MAX", N), ("MIN", N), ("SUM", 3 * N)]
+        return expected, forward, [("MAX", N), ("MIN", N)] * (2 if probabilities else 1)
     if probabilities:
         expected.append(("MIN", N))  # the first top class
     # t and s; smoothing's logit sum of the mass; probabilities': the mass at the top and off it
@@ -639,20 +664,20 @@ def _option_collectives(loss):
     expected.append(("SUM", columns * N))
     # return_aux: the largest raw logit and its first class (probabilities: the target mass's)
     aux = [("MAX", N), ("MIN", N)] * (2 if probabilities else 1)
-    return expected, aux
+    return expected, expected, aux
 
 
 @pytest.mark.parametrize("case", OPTION_CASES, ids=["-".join(c) for c in OPTION_CASES])
 def test_options_issue_the_collectives_the_docs_list_and_no_gather(world, case):
     size, ranks = world
     loss, _ = case
-    expected, aux = _option_collectives(loss)
-    expected[0] = ("SUM", size)
+    expected, forward, aux = _option_collectives(loss)
+    expected, forward = [("SUM", size), *expected[1:]], [("SUM", size), *forward[1:]]
     for rank, results in ranks.items():
         loss_calls, aux_calls = results["options"][case][4]
         assert loss_calls == expected, (rank, case, loss_calls)
-        # the aux call repeats the loss's forward, then adds its own
-        assert aux_calls[len(expected) :] == aux, (rank, case, aux_calls)
+        # the aux call (no gradient) repeats the loss's forward, then adds its own
+        assert aux_calls == forward + aux, (rank, case, aux_calls)
 
 
 @pytest.mark.parametrize("case", OPTION_CASES, ids=["-".join(c) for c in OPTION_CASES])

@@ -507,16 +507,6 @@ def _torch_worker(rank, world, port, out_dir, losses, dtypes, level, regions):
                 call = f"partial(torch_impl.{loss}{', process_group=group' * bool(extra)})"
                 sharded, _, _ = sharded_implementation(ours, call, process_group=group)
                 sharded.fn = _shard_torch(local, group, dtensor=how == "DTensor")
-                base = sharded.supports
-
-                def supports(prep, base=base):
-                    # what process_group= takes: probability targets and label smoothing with
-                    # the cross entropy (gamma 0) only
-                    case = prep.case
-                    dense = not case.index_targets or case.options.get("label_smoothing")
-                    return not (dense and case.gamma) and base(prep)
-
-                sharded.supports = supports
                 sharded.name = name
                 return sharded
 
@@ -528,9 +518,8 @@ def _torch_worker(rank, world, port, out_dir, losses, dtypes, level, regions):
             records += got
             failures += lost
             if left_out and rank == 0:
-                notes.append(f"{name}: {left_out} cases left out: the focal loss with "
-                             f"probability targets or label smoothing (process_group= refuses "
-                             f"them), or fewer than {world} classes")  # fmt: skip
+                notes.append(f"{name}: {left_out} cases left out: fewer than {world} "
+                             "classes")  # fmt: skip
         result = (records, failures, notes)
     except BaseException:  # noqa: BLE001 - handed to the parent, which reports it
         result = ([], [], [f"torch rank {rank} of {world} crashed: {traceback.format_exc()}"])

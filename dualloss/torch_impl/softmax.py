@@ -928,6 +928,112 @@ class _VocabParallel(torch.autograd.Function):
         return grad, None, grad_a, None, None, None, None, grad_m, None, None, None
 
 
+def _vocab_parallel_log_softmax(z, start, group):
+    """``_log_softmax`` on this rank's slice of the classes: the same seven results for the local
+    classes and the row's largest logit z_top (lse = z_top + log1p(s)), from three numbers per row
+    reduced over the ranks (the largest logit, its first class, and s, the sum of
+    exp(z_j - z_top) off that class): a MAX, a MIN and a SUM."""
+    z_top, top = _first_top(z.detach(), start, group)
+    is_top = start + torch.arange(z.shape[-1], device=z.device) == top
+    shifted = z - z_top
+    # the others' share over the top's, without the top's 1: this rank's, then every rank's
+    s = torch.exp(shifted.masked_fill(is_top, -math.inf)).sum(dim=-1, keepdim=True)
+    dist.all_reduce(s, op=dist.ReduceOp.SUM, group=group)
+    # + 0 * z_top: a row with a NaN or +inf logit (or only -inf ones) gives NaN, never a number
+    log1p_s = torch.log1p(s) + 0.0 * z_top
+    tiny = torch.finfo(z.dtype).tiny
+    is_normal = s >= tiny
+    log_s = torch.where(is_normal, torch.log(torch.where(is_normal, s, 1.0)), -math.inf)
+    log_p = shifted - log1p_s
+    # p = exp(z - z_top) / (1 + s): within ~1 ULP (as ``_log_softmax``)
+    p = torch.exp(shifted) / (1.0 + s)
+    # 1 - p_top = s / (1 + s), never formed as 1 - p
+    not_p = torch.where(is_top, s / (1.0 + s), 1.0 - p)
+    log_not_p = _log_not_p(p, is_top, s, log_s, log1p_s)
+    return log_p, log_not_p, p, not_p, is_top, s, log1p_s, z_top
+
+
+class _VocabParallelDense(torch.autograd.Function):
+    """``_softmax_focal_terms`` where each rank holds a contiguous slice of the classes: the focal
+    loss (gamma > 0) with a target mass on every class (probability targets, label smoothing),
+    whose gradient needs a sum over the classes of every rank (jax_impl's
+    ``_sharded_focal_terms``, mirrored).
+
+    forward(z, a, keep, gamma, start, group, z_loss): z the class-last local logits [..., C_r] in
+    the compute dtype (capped already with `softcap`), a the target mass of this rank's classes
+    (class weight or alpha times the smoothed target), keep [...] or None; returns the row's
+    loss (every rank the same) and lse. Every per-class quantity is local; the rows cross ranks
+    in ``_vocab_parallel_log_softmax``'s MAX, MIN and SUM and, for the gradient
+    p_j sum_{c != j} v_c - (1 - p_j) v_j (``_sum_except_self`` over the ranks), a MAX and a MIN
+    of the row's largest v (its place) and one SUM of three numbers: the row's loss, the total
+    of v and the sum of v off its largest entry (no cancellation). The gradient is formed in
+    forward and scaled in backward (the collectives stay in forward); the target mass's own
+    derivative -(1 - p_c)^gamma log p_c is local (+inf where p_c = 0, as the spec). Not twice
+    differentiable.
+    """
+
+    @staticmethod
+    def forward(ctx, z, a, keep, gamma, start, group, z_loss):
+        log_p, log_not_p, p, not_p, is_top, s, log1p_s, z_top = _vocab_parallel_log_softmax(
+            z, start, group
+        )
+        # (1 - p)^gamma = exp(gamma log(1 - p))
+        focal_weight = torch.exp(gamma * log_not_p)
+        phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
+        v = a * focal_weight * (1.0 - gamma * phi)
+        # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf
+        weighted = a * focal_weight
+        local = -(weighted * torch.where((a == 0.0) & (log_p == -math.inf), 0.0, log_p))
+        columns = [local.sum(dim=-1, keepdim=True)]
+        needs_grad = ctx.needs_input_grad[0]
+        if needs_grad:
+            # sum_{c != j} v_c over every rank: the row's largest v and its place (a MAX and a
+            # MIN), then its total and the others' sum at the largest, in the loss's SUM
+            _, big = _first_top(v.detach(), start, group)
+            is_big = start + torch.arange(z.shape[-1], device=z.device) == big
+            columns.append(v.sum(dim=-1, keepdim=True))
+            columns.append(v.masked_fill(is_big, 0.0).sum(dim=-1, keepdim=True))
+        stats = torch.cat(columns, dim=-1)
+        # the row's loss (and v's total and rest) over every rank's classes
+        dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
+        loss = stats[..., :1]
+        # lse = z_top + log1p(s): the z-loss and ``return_aux``'s lse
+        lse = z_top + log1p_s
+        if z_loss != 0.0:
+            loss = loss + (z_loss * lse) * lse
+        grad = None
+        if needs_grad:
+            coefficient = torch.where(is_big, stats[..., 2:3], stats[..., 1:2] - v)
+            if z_loss != 0.0:
+                # d/dz_j z_loss lse^2 = 2 z_loss lse p_j, in p_j's coefficient
+                coefficient = coefficient + (2.0 * z_loss) * lse
+            grad = p * coefficient - not_p * v
+        per_mass = None
+        if ctx.needs_input_grad[1]:
+            # d loss / d a_c = -(1 - p_c)^gamma log p_c: +inf where p_c = 0 (as the spec)
+            per_mass = -(focal_weight * log_p)
+        loss, lse = loss.squeeze(-1), lse.squeeze(-1)
+        if keep is not None:
+            # ignored elements give 0 and no gradient, whatever their logits
+            loss = torch.where(keep, loss, 0.0)
+            lse = torch.where(keep, lse, 0.0)
+            kept = keep.unsqueeze(-1)
+            grad = None if grad is None else torch.where(kept, grad, 0.0)
+            per_mass = None if per_mass is None else torch.where(kept, per_mass, 0.0)
+        ctx.save_for_backward(grad, per_mass)
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss, grad_lse):
+        grad, per_mass = ctx.saved_tensors
+        g = grad_loss.unsqueeze(-1)
+        grad_z = None if grad is None else grad * g
+        grad_a = None if per_mass is None else per_mass * g
+        return grad_z, grad_a, None, None, None, None, None
+
+
 class _SoftCap(torch.autograd.Function):
     """c = softcap tanh(z / softcap) (``_softcap``: -inf stays a masked class, +inf a NaN row),
     with the closed-form backward dc/dz = sech^2(z / softcap) = 4 e / (1 + e)^2,
@@ -964,19 +1070,6 @@ def _softmax_vocab_parallel(
     class mask sliced like the logits (or a per-element one). `keep` the kept elements (None:
     all), `aux` the per-element statistics of ``return_aux`` (None without it)."""
     dense = not is_index or label_smoothing != 0.0
-    if dense and gamma != 0.0:
-        what = "label_smoothing" if is_index else "probability targets"
-        raise ValueError(
-            f"`gamma` must be 0 for {what} when the classes are split over `process_group` (the "
-            "focal terms of every class are not implemented there yet; jax_impl's `axis_name` "
-            f"takes them): use softmax_cross_entropy. Received: gamma={gamma!r}."
-        )
-    if dense and class_weight is not None and class_weight.requires_grad:
-        raise ValueError(
-            "`weight` must not require grad with label smoothing or probability targets and "
-            "`process_group` (its gradient would be split over the ranks): detach it. "
-            "Received: a `weight` that requires grad."
-        )
     raw = logits.movedim(axis, -1).to(_compute_dtype(logits.dtype))
     num_local = raw.shape[-1]
     dtype = raw.dtype
@@ -1070,9 +1163,20 @@ def _softmax_vocab_parallel(
     if softcap is not None:
         # the cap is elementwise: this rank's slice capped, sech^2 of it in backward
         z = _SoftCap.apply(raw, softcap)
-    loss, lse = _VocabParallel.apply(
-        z, y, a_y, keep, gamma, start, group, m, m_y, m_rest, z_loss
-    )  # fmt: skip
+    if dense and gamma != 0.0:
+        # the focal terms of every class (``_VocabParallelDense``): the whole target mass a_c of
+        # this rank's classes, the smoothing's and (class indices) a_y at the target
+        a = m.expand(raw.shape)
+        if is_index:
+            local_classes = start + torch.arange(num_local, device=raw.device)
+            a = a + torch.where(local_classes == y, a_y, 0.0)
+        if keep is not None:
+            a = torch.where(keep.unsqueeze(-1), a, 0.0)
+        loss, lse = _VocabParallelDense.apply(z, a, keep, gamma, start, group, z_loss)
+    else:
+        loss, lse = _VocabParallel.apply(
+            z, y, a_y, keep, gamma, start, group, m, m_y, m_rest, z_loss
+        )  # fmt: skip
     aux = None
     if return_aux:
         # the target class: the index, or the class of the largest target mass
@@ -1082,8 +1186,9 @@ def _softmax_vocab_parallel(
 
 
 def _first_top(x, start, group):
-    """The global index of the row's largest entry over every rank (the first on ties), [..., 1]:
-    two all-reduces of one number per row (the largest entry, then its first class)."""
+    """The row's largest entry over every rank and its global index (the first on ties; none,
+    int64's largest, for a NaN row), each [..., 1]: two all-reduces of one number per row (the
+    largest entry, then its first class)."""
     local_top, local_first = x.max(dim=-1, keepdim=True)
     top = local_top.clone()
     dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
@@ -1091,7 +1196,7 @@ def _first_top(x, start, group):
     first = torch.where(local_top == top, start + local_first, none)
     # its first class in the row: the smallest of the ranks that hold it
     dist.all_reduce(first, op=dist.ReduceOp.MIN, group=group)
-    return first
+    return top, first
 
 
 def _vocab_parallel_aux(raw, y, keep, lse, start, z_loss, group):
@@ -1101,9 +1206,9 @@ def _vocab_parallel_aux(raw, y, keep, lse, start, z_loss, group):
     largest entry is the target class): two (four) more all-reduces of one number per row."""
     with torch.no_grad():
         # the row's largest logit before the cap (the cap keeps the order, not every tie)
-        first = _first_top(raw, start, group)
+        _, first = _first_top(raw, start, group)
         if y.shape[-1] != 1 or y.is_floating_point():
-            y = _first_top(y, start, group)
+            _, y = _first_top(y, start, group)
         correct = first == y
         correct = correct.squeeze(-1) if keep is None else correct.squeeze(-1) & keep
         return {"lse": lse, "z_term": z_loss * lse * lse, "correct": correct.to(lse.dtype)}
@@ -1134,6 +1239,14 @@ def _softmax_sharded(
             logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where, num_classes
         )
     )
+    dense = not is_index or label_smoothing != 0.0
+    if dense and class_weight is not None and class_weight.requires_grad:
+        what = "alpha" if is_focal else "weight"
+        raise ValueError(
+            f"`{what}` must not require grad with label smoothing or probability targets and "
+            "`process_group` (its gradient would be split over the ranks): detach it. "
+            f"Received: a `{what}` that requires grad."
+        )
     loss, keep, aux = _softmax_vocab_parallel(
         logits, targets, where, class_weight, axis, gamma, ignore_index, label_smoothing,
         is_index, start, num_classes, process_group, z_loss, softcap, return_aux,
@@ -1393,7 +1506,8 @@ def softmax_focal_loss(
     Result in the logits' dtype (half precision computed in float32), closed-form gradient,
     bounded for every gamma >= 0. `process_group` (class-sharded logits, global targets, the
     global `alpha` vector): as in ``softmax_cross_entropy``, the same three numbers per row
-    (label smoothing and probability targets only at gamma = 0).
+    (with label smoothing or probability targets at gamma > 0, the focal terms of every class:
+    six all-reduces of one to three numbers per row, docs/scaling.md).
     `z_loss`, `softcap`: as ``softmax_cross_entropy``.
     """
     return _softmax(
