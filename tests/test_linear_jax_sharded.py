@@ -11,7 +11,8 @@ In one subprocess with 8 forced host devices (the flag must be set before jax is
   mean, none and a normalizer; float64, float32 and bfloat16; `z_loss` with `softcap` (cross
   entropy, focal) and label smoothing (with class weights, and with z_loss and softcap) in a
   normalizer (float64) and the mean (float32). The compiled program gathers
-  nothing and all-reduces per-row numbers and the (rows, H) hidden gradient only.
+  nothing and all-reduces per-row numbers and the (rows, H) hidden gradient only. `return_aux`
+  (lse, z-term, whether the first top logit over the slices is the target) against the spec.
 * a 2-D (data x vocab = 2 x 4) mesh: rows split over data, classes over vocab, the normalizer
   ``global_count(..., axis_name='data')``: the psum'd loss and the gradients equal the unsharded
   one-batch mean.
@@ -172,6 +173,41 @@ SCRIPT = textwrap.dedent(
                 "dtypes": sorted(dtypes),
             }
 
+    # --- return_aux over the mesh axis: lse, z-term, whether the first top is the target -----
+    from dualloss import spec
+    out["aux"] = {}
+    for loss in ("ce", "focal_head", "ce_smooth_head"):
+        for reduction, dtype in (("none", "float64"), ("mean", "float32")):
+            name, _ = LOSSES[loss]
+            fn = getattr(jax_impl, name)
+            _, prep0 = prepared(loss, reduction, "ties", dtype)
+            kw = {k: (jnp.asarray(v, dtype) if isinstance(v, np.ndarray) else v)
+                  for k, v in prep0.options.items()}
+
+            @partial(jax.shard_map, mesh=mesh, in_specs=(P(), P(None, "vocab"), P("vocab"), P()),
+                     out_specs=P())
+            def with_aux(h, w, b, y):
+                return fn(h, w, y, bias=b, chunk_size=CHUNK, axis_name="vocab", return_aux=True,
+                          **kw)
+
+            with_aux = jax.jit(with_aux)
+            for region in ("ties", "bias_mask", "confident"):
+                name, prep = prepared(loss, reduction, region, dtype)
+                h, w, b = (jnp.asarray(x, dtype) for x in prep.ref)
+                y = jnp.asarray(prep.case.targets)
+                _, aux = with_aux(h, w, b, y)
+                hidden, kernel, bias = prep.ref
+                _, want = getattr(spec, name)(hidden, kernel, prep.case.targets, bias=bias,
+                                              **prep.options, return_aux=True)
+                eps = float(jnp.finfo(dtype).eps)
+                # a few roundings of the dtype at the statistic's scale; `correct` exactly
+                gaps = {key: worst(aux[key], want[key],
+                                   8 * eps * np.max(np.abs(want[key]), initial=1.0))
+                        for key in ("lse", "z_term")}
+                gaps["correct"] = float(np.any(np.asarray(aux["correct"], np.float64)
+                                               != np.asarray(want["correct"], dtype)))
+                out["aux"][f"{loss}-{reduction}-{region}-{dtype}"] = gaps
+
     # --- a 2-D mesh: rows over data, classes over vocab, the global mean ---------------------
     mesh2 = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "vocab"))
     V2 = 12
@@ -264,6 +300,16 @@ def test_axis_name_programs_gather_nothing_and_reduce_rows_and_the_hidden_gradie
                 # smoothing's third number per row rides in the same psum
                 size = int(np.prod(dims))
                 assert size <= 5 or dims[-1] == 8, (label, dims)
+
+
+def test_return_aux_over_the_mesh_axis_matches_the_spec(results):
+    # lse and the z-term within a few roundings, `correct` exactly (the "ties" region ties
+    # across the slices: the first top over every slice decides)
+    aux = results["aux"]
+    assert len(aux) == 18, sorted(aux)
+    for label, gaps in aux.items():
+        assert gaps["correct"] == 0.0, (label, gaps)
+        assert gaps["lse"] <= 1.0 and gaps["z_term"] <= 1.0, (label, gaps)
 
 
 def test_a_batch_split_over_data_gives_the_one_batch_mean(results):

@@ -36,6 +36,7 @@ if not dist.is_available():
 
 import gloo  # noqa: E402
 
+from dualloss import spec  # noqa: E402
 from dualloss import torch_impl as ti  # noqa: E402
 from dualloss.parity import linear as L  # noqa: E402
 from dualloss.parity.tolerance import UNIT_ROUNDOFF  # noqa: E402
@@ -174,13 +175,21 @@ def _worker_cases(rank, world, results):
                                        (hidden, weight, bias, targets), inputs, strict=True)
             if not torch.equal(x.detach(), before)
         ]  # fmt: skip
+        loss_calls = list(calls)
+        # return_aux (no gradient): the loss's own forward, then four all-reduces per block
+        del calls[:]
+        _, aux = getattr(ti, name)(
+            hidden.detach(), weight.detach(), targets, bias=bias.detach(), chunk_size=CHUNK,
+            process_group=dist.group.WORLD, return_aux=True, **_torch_options(prep),
+        )  # fmt: skip
+        results["aux"][case] = ({k: v.double().numpy() for k, v in aux.items()}, list(calls))
         results["cases"][case] = {
             "value": loss.detach().double().numpy(),
             "hidden": hidden.grad.double().numpy(),
             "weight": weight.grad.double().numpy(),
             "bias": bias.grad.double().numpy(),
             "dtypes": {str(x.dtype) for x in (loss, hidden.grad, weight.grad, bias.grad)},
-            "calls": list(calls),
+            "calls": loss_calls,
             "written": written,
         }
 
@@ -205,9 +214,6 @@ def _worker_errors(rank, world, results):
         "label_smoothing": lambda: ti.linear_softmax_focal_loss(
             hidden, weight, targets, label_smoothing=0.1, process_group=group
         ),
-        "return_aux": lambda: ti.linear_softmax_cross_entropy(
-            hidden, weight, targets, return_aux=True, process_group=group
-        ),
         "group_type": lambda: ti.linear_softmax_cross_entropy(
             hidden, weight, targets, process_group="world"
         ),
@@ -231,7 +237,7 @@ def _spawn(size, tmp_path_factory):
     """(size, {rank: results}) of one spawned gloo world of `size` processes."""
     out_dir = tmp_path_factory.mktemp(f"linear_world{size}")
     bodies = (_worker_cases, _worker_errors)
-    return size, gloo.spawn_world(size, out_dir, bodies, keys=("cases", "errors"))
+    return size, gloo.spawn_world(size, out_dir, bodies, keys=("cases", "aux", "errors"))
 
 
 @pytest.fixture(scope="module")
@@ -353,6 +359,37 @@ def test_no_row_is_gathered_and_each_block_reduces_three_numbers_per_row(world):
             assert result["written"] == [], (rank, case, result["written"])
 
 
+def test_return_aux_over_ranks_matches_the_spec(world):
+    # lse of the capped logits and whether the first top logit over every rank is the target
+    # (the "ties" region ties across ranks), the same on every rank; each block adds a MAX and a
+    # SUM (lse), a MAX and a MIN (the first top class) before the loss's own
+    size, ranks = world
+    blocks = [min(CHUNK, N - start) for start in range(0, N, CHUNK)]
+    for case in ranks[0]["aux"]:
+        name, prep = _prepared(case)
+        dtype = getattr(torch, prep.dtype)
+        # the values the spec sees (float64, exact in the dtype)
+        hidden, kernel, bias = prep.ref
+        _, want = getattr(spec, name)(hidden, kernel, prep.case.targets, bias=bias,
+                                      **prep.options, return_aux=True)  # fmt: skip
+        eps = float(torch.finfo(dtype).eps)
+        width = 3 if "label_smoothing" in LOSSES[case[0]][1] else 2
+        per_block = (("MAX", 1), ("SUM", 1), ("MAX", 1), ("MIN", 1), ("MAX", 1), ("SUM", width))
+        forward = [(op, k * rows) for rows in blocks for op, k in per_block]
+        for rank, results in ranks.items():
+            aux, calls = results["aux"][case]
+            assert sorted(aux) == ["correct", "lse", "z_term"], (rank, case)
+            rounded = torch.tensor(want["correct"]).to(dtype).double().numpy()
+            np.testing.assert_array_equal(aux["correct"], rounded, err_msg=f"{rank} {case}")
+            for key in ("lse", "z_term"):
+                # a few roundings of the dtype at the statistic's scale (float32 arithmetic
+                # for bfloat16)
+                scale = np.max(np.abs(want[key][np.isfinite(want[key])]), initial=1.0)
+                np.testing.assert_allclose(aux[key], want[key], rtol=0, atol=8 * eps * scale,
+                                           err_msg=f"rank {rank} {case} {key}")  # fmt: skip
+            assert calls == [("SUM", size), *forward], (rank, case, calls)
+
+
 def test_bad_input_gets_one_sentence_naming_the_argument_on_every_rank(world):
     size, ranks = world
     for rank, results in ranks.items():
@@ -370,11 +407,6 @@ def test_bad_input_gets_one_sentence_naming_the_argument_on_every_rank(world):
             "`label_smoothing` is not supported with `process_group` for the focal loss with "
             "gamma != 0 (yet): pass 0.0. Received: label_smoothing=0.1 with gamma=2.0.",
         ), errors["label_smoothing"]
-        assert errors["return_aux"] == (
-            "ValueError",
-            "`return_aux` is not supported with `process_group` (yet): pass False. "
-            "Received: return_aux=True.",
-        ), errors["return_aux"]
         kind, message = errors["group_type"]
         assert kind == "TypeError" and message.startswith("`process_group` must be a torch")
         kind, message = errors["empty"]

@@ -27,19 +27,20 @@ from ._inputs import (
     _not_torch,
 )
 from .parallel import _class_shard, _sum_to_type_of
-from .softmax import _at, _log1m, _softcap, _softmax_focal_terms, _softmax_head_terms
+from .softmax import (
+    _at,
+    _log1m,
+    _sharded_top,
+    _softcap,
+    _softmax_focal_terms,
+    _softmax_head_terms,
+)
 
 
-def _linear_parallel_refuses(label_smoothing, gamma, return_aux):
+def _linear_parallel_refuses(label_smoothing, gamma):
     """What the class-sharded fused loss does not take: label smoothing with the focal loss's
     gamma != 0 (each class's own focal term, summed over the slices after the row's statistics,
-    would need a third round of collectives per block), `return_aux` (the argmax over the
-    slices); one sentence."""
-    if return_aux:
-        raise ValueError(
-            "`return_aux` is not supported with `axis_name` (yet): pass False. "
-            "Received: return_aux=True."
-        )
+    would need a third round of collectives per block); one sentence."""
     if label_smoothing != 0.0 and gamma != 0.0:
         raise ValueError(
             "`label_smoothing` is not supported with `axis_name` for the focal loss with "
@@ -187,6 +188,26 @@ def _split(x, narrow):
     return hi, (x - hi.astype(x.dtype)).astype(narrow)
 
 
+def _block_aux(z, c, y, axis_name):
+    """``return_aux``'s numbers of a block's rows: the lse of the capped logits `c` and whether
+    the largest logit of `z` (the first on ties) is the target `y`. With `axis_name` the block
+    holds this device's slice of the classes: the largest capped logit (pmax) and the sum of
+    exponentials (psum), then the first top class over the slices (``softmax._sharded_top``: a
+    pmax and a pmin) and whether the slice that holds it holds the target (psum): per-row
+    scalars only, only when asked."""
+    if axis_name is None:
+        return jax.nn.logsumexp(c, axis=-1), jnp.argmax(z, axis=-1) == y
+    offset, _ = _class_shard(axis_name, z.shape[-1])
+    c_top = jax.lax.pmax(jnp.max(c, axis=-1, keepdims=True), axis_name)
+    # an infinite top (a row of -inf, or +inf) shifts by 0: lse is then -inf or +inf (NaN stays)
+    c_top = jnp.where(jnp.isinf(c_top), 0.0, c_top)
+    total = jax.lax.psum(jnp.sum(jnp.exp(c - c_top), axis=-1), axis_name)
+    _, is_top = _sharded_top(z, offset, axis_name)
+    is_target = offset + jnp.arange(z.shape[-1]) == y[:, None]
+    hits = jax.lax.psum(jnp.sum(is_top & is_target, axis=-1, dtype=jnp.int32), axis_name)
+    return c_top[:, 0] + jnp.log(total), hits > 0
+
+
 def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
     """The per-row losses of logits = h w + b over blocks of rows (``lax.scan``) and, with
     `grad_loss` (per-row factors), the gradients of sum_i grad_loss_i l_i w.r.t. h, w and b.
@@ -250,8 +271,8 @@ def _linear_chunks(h, w, b, y, a_y, kept, class_weight, grad_loss, static):
         if aux:
             # return_aux (DESIGN 13): the row's lse of c and whether its top logit is the target
             c = z if softcap is None else _softcap(z, softcap)[0]
-            correct = jnp.argmax(z, axis=-1) == y_block
-            stats = (jax.nn.logsumexp(c, axis=-1), correct.astype(dtype))
+            lse, correct = _block_aux(z, c, y_block, axis_name)
+            stats = (lse, correct.astype(dtype))
         if (gamma != 0.0 and label_smoothing != 0.0) or (head and axis_name is None):
             # t~ = (1 - eps) onehot(y) + eps / V on the kept rows, times the class weights
             one_hot = (jnp.arange(num_classes) == y_block[:, None]).astype(dtype)
@@ -433,7 +454,7 @@ def _linear_softmax(
         gamma = _checks.gamma(gamma)
     return_aux = _checks.return_aux(return_aux)
     if axis_name is not None:
-        _linear_parallel_refuses(label_smoothing, gamma, return_aux)
+        _linear_parallel_refuses(label_smoothing, gamma)
         # V over every slice of the mesh axis (an unbound name raises here)
         _, num_classes = _class_shard(axis_name, num_local)
     z_loss = _checks.z_loss(z_loss)

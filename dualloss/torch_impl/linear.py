@@ -30,19 +30,13 @@ from ._inputs import (
     _values_are_concrete,
 )
 from .parallel import _class_slice, _process_group
-from .softmax import _softcap, _softmax_loss_or_grad
+from .softmax import _first_top, _softcap, _softmax_loss_or_grad
 
 
-def _linear_parallel_refuses(label_smoothing, gamma, return_aux):
+def _linear_parallel_refuses(label_smoothing, gamma):
     """What the class-sharded fused loss does not take: label smoothing with the focal loss's
     gamma != 0 (each class's own focal term, summed over ranks after the row's statistics, would
-    need a third round of collectives per block), `return_aux` (the argmax over ranks); raised
-    alike on every rank."""
-    if return_aux:
-        raise ValueError(
-            "`return_aux` is not supported with `process_group` (yet): pass False. "
-            "Received: return_aux=True."
-        )
+    need a third round of collectives per block); raised alike on every rank."""
     if label_smoothing != 0.0 and gamma != 0.0:
         raise ValueError(
             "`label_smoothing` is not supported with `process_group` for the focal loss with "
@@ -275,8 +269,9 @@ def _linear_chunks(
         if stats is not None:
             # return_aux (DESIGN 13): the row's lse of c and whether its top logit is the target
             c = z if softcap is None else _softcap(z, softcap)[0]
-            stats[0][start : start + rows] = torch.logsumexp(c, dim=-1)
-            stats[1][start : start + rows] = torch.argmax(z, dim=-1) == y_block
+            lse, correct = _block_aux(z, c, y_block, shard)
+            stats[0][start : start + rows] = lse
+            stats[1][start : start + rows] = correct
         if kernel is not None:
             kernel(z, y_block, class_weight, gamma, ignore_index, loss[start : start + rows],
                    None if block_grad is None else block_grad.to(dtype))  # fmt: skip
@@ -309,6 +304,25 @@ def _linear_chunks(
         # dh = sum over ranks of G_r W_r: each rank's classes' part, one all-reduce of (N, H)
         dist.all_reduce(dh, op=dist.ReduceOp.SUM, group=shard[1])
     return loss, dh, dw, db
+
+
+def _block_aux(z, c, y, shard):
+    """``return_aux``'s numbers of a block's rows: the lse of the capped logits `c` and whether
+    the largest logit of `z` (the first on ties) is the target `y`. With `shard` the block holds
+    this rank's slice of the classes: the largest capped logit (MAX) and the sum of exponentials
+    (SUM), then the first top class over every rank (``softmax._first_top``: a MAX and a MIN),
+    four all-reduces of one number per row, only when asked."""
+    if shard is None:
+        return torch.logsumexp(c, dim=-1), torch.argmax(z, dim=-1) == y
+    start, group, _ = shard
+    c_top = torch.amax(c, dim=-1, keepdim=True)
+    dist.all_reduce(c_top, op=dist.ReduceOp.MAX, group=group)
+    # an infinite top (a row of -inf, or +inf) shifts by 0: lse is then -inf or +inf (NaN stays)
+    c_top = torch.where(torch.isinf(c_top), 0.0, c_top)
+    total = torch.exp(c - c_top).sum(dim=-1, keepdim=True)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    _, first = _first_top(z, start, group)
+    return (c_top + torch.log(total)).squeeze(-1), first.squeeze(-1) == y
 
 
 def _linear_takes_triton(h, class_weight, label_smoothing, head) -> bool:
@@ -442,7 +456,7 @@ def _linear_softmax(
     num_classes = num_local
     if process_group is not None:
         process_group = _process_group(process_group)
-        _linear_parallel_refuses(label_smoothing, gamma, return_aux)
+        _linear_parallel_refuses(label_smoothing, gamma)
         # where this rank's rows of the weight start among the classes, and V over every rank
         start, num_classes = _class_slice(
             num_local, process_group, hidden.device, name="linear_weight"
