@@ -71,18 +71,28 @@ def _unflush_exponent(dtype) -> float:
     return -0.5 * math.log(float(jnp.finfo(dtype).tiny))
 
 
-# k with K = k ln 2 in the dtype's binade [32, 64) (float32) or [256, 512) (float64), where
-# fl(K) is closest to k ln 2 (1.8 and 1.8 unit roundoffs off): z - z_top + K is then exact for
-# every term from exp(-2K) (Sterbenz) down to exp(-(64 + K)) = exp(-102.8) in float32 (and
-# exp(-808) in float64), below which a term cannot matter to a normal row sum of up to 5e6
-# classes; C 2^k stays finite.
-_UNFLUSH_POWER = {"float32": 56, "float64": 427}
+# k for the scaled terms 2^k exp(z_j - z_top) = (2^(k/2) exp((z_j - z_top) / 2))^2, even: the
+# half-exponent exp(x / 2) stays normal down to x = -174 (float32; -1416 in float64), and the
+# square 2^k exp(x) down to x = -(k ln 2 + 87.3) = -126.1 (float32; -1005 in float64), below
+# which a term cannot matter to a normal row sum (at least exp(-87.3)) of up to 5e6 classes;
+# C 2^k stays finite, and fl(k ln 2) is within 0.04 ULP of k ln 2 (the sharded log s subtracts
+# it: 0.03 for 56 in float32, 0.04 for 428 in float64; 427 no longer qualifies, being odd).
+_UNFLUSH_POWER = {"float32": 56, "float64": 428}
 
 
 def _unflush_power(dtype) -> int:
-    """k for ``_shifted_sums``: the terms are summed times 2^k, exactly for the classes above
-    exp(-k ln 2) (a power of two) and as exp(z + k ln 2) below, so that none is flushed."""
+    """k for ``_scaled_exp``: the terms are summed times 2^k, so that none that matters is
+    flushed (an even number: 2^(k/2) is exact)."""
     return _UNFLUSH_POWER.get(jnp.dtype(dtype).name, 4)
+
+
+def _scaled_exp(shifted):
+    """2^k exp(x) for x = z - z_top <= 0 (k = ``_unflush_power``), as the square of
+    2^(k/2) exp(x / 2): no term that matters to a normal row sum is flushed to 0 (XLA flushes
+    subnormals), and no select (x / 2 and 2^(k/2) are exact: the exp's own error doubled, plus
+    one rounding). The top class (x = 0) gives exactly 2^k."""
+    half = jnp.exp(0.5 * shifted) * 2.0 ** (_unflush_power(shifted.dtype) // 2)
+    return half * half
 
 
 def _log_softmax(z):
@@ -234,6 +244,16 @@ def _at(x, y):
     return jnp.take_along_axis(x, y[..., None], axis=-1, mode="clip")[..., 0]
 
 
+def _class_weight_at(class_weight, vector, y):
+    """class_weight[y], the target's class weight per row: a gather only for a weight vector;
+    without one (ones) or for a scalar (`alpha`) the number itself, so that no pass reads y."""
+    if vector is None:
+        return jnp.ones(y.shape, class_weight.dtype)
+    if np.ndim(vector) == 0:
+        return jnp.broadcast_to(class_weight[0], y.shape)
+    return class_weight[y]
+
+
 def _shifted_sums(z, y, softcap=None):
     """For the class-index fast paths with targets y (class axis last): the shifted logits
     z - z_top, e_y = exp(z_y - z_top), s_y = sum_{j != y} exp(z_j - z_top) (the mass off the
@@ -268,15 +288,11 @@ def _shifted_sums(z, y, softcap=None):
     # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
     z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
     shifted = z - z_top
-    # the others summed times 2^k (``_unflush_power``): exact scaling where the term is above
-    # 2^-k, exp(z - z_top + k ln 2) below (exact argument: Sterbenz), so no term that matters is
-    # flushed; one exp and one sum
+    # the others summed times 2^k (``_scaled_exp``), so that no term that matters is flushed;
+    # one exp and one sum
     power = _unflush_power(z.dtype)
-    shift = float(np.asarray(power * math.log(2.0), jnp.dtype(z.dtype)))
     is_y = jnp.arange(z.shape[-1]) == y[..., None]
-    below = shifted < -shift
-    e = jnp.exp(jnp.where(below, shifted + shift, shifted)) * jnp.where(below, 1.0, 2.0**power)
-    e = jnp.where(is_y, 0.0, e)
+    e = jnp.where(is_y, 0.0, _scaled_exp(shifted))
     s_y = jnp.sum(e, axis=-1) * 2.0**-power
     shifted_y = z_y - z_top[..., 0]
     e_y = jnp.exp(shifted_y)
@@ -409,6 +425,9 @@ def _softmax(
         logits, targets, axis, weight, alpha, ignore_index, label_smoothing, where
     )
     num_classes = z.shape[-1]
+    # the per-class vector as given (None, a scalar alpha or a vector): class_weight[y] gathers
+    # only for a vector
+    vector = weight if weight is not None else alpha
     if not _is_static(gamma):
         gamma = gamma.astype(z.dtype)
     if where is not None:
@@ -425,7 +444,7 @@ def _softmax(
         y = jnp.clip(y, 0, num_classes - 1)
     if is_index and _is_static(label_smoothing) and label_smoothing == 0.0 and _is_static(gamma):
         # one-hot targets: gather the target class instead of forming an N x C one-hot
-        a_y = jnp.where(keep, class_weight[y], 0.0) + poison
+        a_y = jnp.where(keep, _class_weight_at(class_weight, vector, y), 0.0) + poison
         if gamma == 0.0:
             loss = _softmax_cross_entropy_at(z, y, a_y, keep, z_loss, softcap)
         else:
@@ -444,7 +463,7 @@ def _softmax(
     if is_index and not is_focal:
         # torch: the weighted mean divides by the weights of the kept targets
         targets = jnp.where(keep, _as_array(targets), 0)
-        denominator = jnp.sum(jnp.where(keep, class_weight[targets], 0.0))
+        denominator = jnp.sum(jnp.where(keep, _class_weight_at(class_weight, vector, targets), 0.0))
     else:
         # plain mean over the kept elements (for probability targets: those with a class left)
         denominator = jnp.sum(keep)
@@ -503,9 +522,8 @@ def _sharded_log_softmax(z, offset, axis_name):
     shifted = z - z_top
     power = _unflush_power(z.dtype)
     shift = float(np.asarray(power * math.log(2.0), jnp.dtype(z.dtype)))
-    below = -shift > shifted
-    # the terms times 2^k: exactly above 2^-k, through the exp's (exact) argument below
-    e = jnp.where(below, 1.0, 2.0**power) * jnp.exp(jnp.where(below, shifted + shift, shifted))
+    # the terms times 2^k (``_scaled_exp``): none that matters flushed
+    e = _scaled_exp(shifted)
     # the sum of exponentials off the top, times 2^k: this slice's, then the row's (one psum)
     scaled_s = jnp.sum(jnp.where(is_top, 0.0, e), axis=-1, keepdims=True)
     scaled_s = jax.lax.psum(scaled_s, axis_name)
