@@ -500,22 +500,23 @@ def test_the_sigmoid_kernels_leave_target_gradients_and_second_order_to_the_eage
 # ----------------------------------------------------------------------------------------------
 
 
-def test_the_fused_linear_kernel_path_meets_the_strict_standard(monkeypatch):
+@pytest.mark.parametrize(
+    "loss, options, dtypes",
+    [
+        ("linear_softmax_focal_loss", {"gamma": 0.5}, ("float32", "bfloat16")),
+        # the LLM head options in the block's launch (DESIGN 13)
+        ("linear_softmax_cross_entropy", {"z_loss": 1e-3, "softcap": 4.0}, ("float32",)),
+    ],
+)
+def test_the_fused_linear_kernel_path_meets_the_strict_standard(monkeypatch, loss, options, dtypes):
     launches = _Launches(monkeypatch)
 
-    def candidate(hidden, linear_weight, targets, **options):
+    def candidate(hidden, linear_weight, targets, **kwargs):
         with torch_impl.kernels("triton"):
-            return torch_impl.linear_softmax_focal_loss(
-                hidden, linear_weight, targets, gamma=0.5, **options
-            )
+            return getattr(torch_impl, loss)(hidden, linear_weight, targets, **options, **kwargs)
 
     report = parity.check(
-        candidate,
-        "linear_softmax_focal_loss",
-        backend="torch",
-        options={"gamma": 0.5},
-        standard="strict",
-        dtypes=("float32", "bfloat16"),
+        candidate, loss, backend="torch", options=options, standard="strict", dtypes=dtypes
     )
     report.assert_ok()
     assert set(launches.names) == {"_softmax_index_kernel"}
@@ -535,6 +536,7 @@ def test_the_fused_linear_kernel_path_agrees_with_the_eager_blocks(dtype, reduct
     for fn, options in [
         (torch_impl.linear_softmax_cross_entropy, {"bias": b, "weight": weight}),
         (torch_impl.linear_softmax_focal_loss, {"gamma": 2.0, "alpha": weight}),
+        (torch_impl.linear_softmax_focal_loss, {"gamma": 1.5, "z_loss": 1e-2, "softcap": 3.0}),
     ]:
         results = {}
         for mode in ("eager", "triton"):

@@ -64,11 +64,11 @@ def _linear_block(
     gradient p sum(a) - a.
 
     The LLM head options `head` = (z_loss, softcap) (DESIGN 13), taken here on the sharded path
-    (one device takes the dense block path): the cap is elementwise, c = softcap tanh(z /
-    softcap) (``softmax._softcap``, a fresh tensor), every term above is of c and the gradient
-    comes back times dc/dz = sech^2(z / softcap); the z-term z_loss lse^2 needs only the row's
-    lse = z_top + log S, its gradient 2 z_loss lse p_j adds 2 z_loss lse to each kept row's
-    coefficient of p_j.
+    (one device takes the Triton kernel or the dense block path): the cap is elementwise,
+    c = softcap tanh(z / softcap) (``softmax._softcap``, a fresh tensor), every term above is
+    of c and the gradient comes back times dc/dz = sech^2(z / softcap); the z-term z_loss lse^2
+    needs only the row's lse = z_top + log S, its gradient 2 z_loss lse p_j adds 2 z_loss lse
+    to each kept row's coefficient of p_j.
 
     With `shard` = (start, group, V) the block holds this rank's contiguous slice of the
     classes, whose first global class is `start` (y stays the global index, V the number of
@@ -273,8 +273,9 @@ def _linear_chunks(
             stats[0][start : start + rows] = lse
             stats[1][start : start + rows] = correct
         if kernel is not None:
+            block_grad = None if block_grad is None else block_grad.to(dtype)
             kernel(z, y_block, class_weight, gamma, ignore_index, loss[start : start + rows],
-                   None if block_grad is None else block_grad.to(dtype))  # fmt: skip
+                   block_grad, z_loss, softcap)  # fmt: skip
             if block_grad is None:
                 continue
             grad = z
@@ -325,14 +326,13 @@ def _block_aux(z, c, y, shard):
     return (c_top + torch.log(total)).squeeze(-1), first.squeeze(-1) == y
 
 
-def _linear_takes_triton(h, class_weight, label_smoothing, head) -> bool:
+def _linear_takes_triton(h, class_weight, label_smoothing) -> bool:
     """Whether the blocks take the Triton kernel (``torch_impl.kernels`` decides where): class
-    indices without label smoothing or the LLM head options (the kernel has neither), no
-    gradient asked of the class weight, not while torch.compile traces the loop (it keeps the
-    eager block)."""
+    indices without label smoothing (the kernel has none; the LLM head options it takes in its
+    own two passes), no gradient asked of the class weight, not while torch.compile
+    traces the loop (it keeps the eager block)."""
     return (
         label_smoothing == 0.0
-        and head == (0.0, None)
         and (class_weight is None or not class_weight.requires_grad)
         and not torch.compiler.is_compiling()
         and _kernels.use_triton(h)
@@ -359,7 +359,7 @@ class _LinearSoftmax(torch.autograd.Function):
         grad_loss = None
         if needs and not per_row:
             grad_loss = row_scale.expand(h.shape[0])
-        ctx.kernel = shard is None and _linear_takes_triton(h, class_weight, label_smoothing, head)
+        ctx.kernel = shard is None and _linear_takes_triton(h, class_weight, label_smoothing)
         stats = None
         if aux:
             # return_aux's per-row lse and correct, from the same pass (no gradient)
@@ -513,8 +513,11 @@ def _linear_softmax(
     else:
         row_scale = torch.ones((), dtype=dtype, device=hidden.device)
     if chunk_size is None:
-        # the dense path (label smoothing) holds ~8 temporaries per block, the gather path ~3
-        budget = (1 << 22) if label_smoothing == 0.0 and head == (0.0, None) else (1 << 19)
+        # the dense path (label smoothing; the LLM head options off the kernel) holds ~8
+        # temporaries per block, the gather path ~3, the Triton kernel none
+        in_kernel = shard is None and _linear_takes_triton(h, class_weight, label_smoothing)
+        plain = label_smoothing == 0.0 and (head == (0.0, None) or in_kernel)
+        budget = (1 << 22) if plain else (1 << 19)
         # up to 1/16 of the logits (64 MiB blocks at most): at (4096, 256, 32000) 256 rows, 1.3x
         # faster than 128 rows on CPU, the block 0.0625x the logits
         chunk_size = _checks.default_chunk_size(h.shape[0], num_local, budget, fraction=16)
@@ -571,7 +574,8 @@ def linear_softmax_cross_entropy(
     hidden dtype (half precision computed in float32). Gradients for `hidden`, `linear_weight`
     and `bias`; a class `weight` that requires grad raises (no gradient is given for it). A
     mean over no kept row is 0. `z_loss`, `softcap` (DESIGN 13): applied to each block's
-    logits (the dense block path, 512K-entry blocks; not the Triton kernel).
+    logits (in the Triton kernel's launch where it runs, 4M-entry blocks; elsewhere the dense
+    block path, 512K-entry blocks).
 
     Vocab-parallel (DESIGN 12, docs/scaling.md): with `process_group`, `linear_weight` (V_r, H)
     and `bias` (V_r,) are this rank's contiguous slice of the classes (slices in rank order,

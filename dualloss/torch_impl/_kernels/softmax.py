@@ -288,15 +288,16 @@ def _launch(
     )  # fmt: skip
 
 
-def linear_block_(z, y, w, gamma, ignore_index, loss, scale):
+def linear_block_(z, y, w, gamma, ignore_index, loss, scale, z_loss=0.0, softcap=None):
     """A fused linear loss's block in one launch: the per-row loss of logits `z` (rows, V; a
     contiguous buffer the caller owns, compute dtype) into `loss` (rows,), and, with `scale`
     (one factor per row, or None for the loss alone), the gradient of sum_i scale_i l_i
-    written over `z` itself (pass 2 reads each logit before it writes its gradient). Not a
-    custom op: the eager fused linear loop calls it (under torch.compile that loop keeps the
-    eager block)."""
+    written over `z` itself (pass 2 reads each logit before it writes its gradient: with
+    `softcap` it recomputes the cap and its derivative from that logit); with the LLM head
+    options `z_loss` and `softcap` (DESIGN 13) in the same two passes. Not a custom op: the
+    eager fused linear loop calls it (under torch.compile that loop keeps the eager block)."""
     grad = None if scale is None else z
-    _launch(z, y, w, 1, gamma, ignore_index, False, loss, 0, grad, scale)
+    _launch(z, y, w, 1, gamma, ignore_index, False, loss, 0, grad, scale, None, z_loss, softcap)
 
 
 def _row_scale(scale):
