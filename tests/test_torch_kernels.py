@@ -558,6 +558,29 @@ def test_the_fused_linear_kernel_path_agrees_with_the_eager_blocks(dtype, reduct
         assert results["triton"][1] == ["_softmax_index_kernel"] * (3 if reduction == "mean" else 6)
 
 
+def test_a_zero_dim_alpha_tensor_gives_the_eager_result_on_the_kernel_path():
+    """A 0-dim `alpha` tensor reaches the kernels as a (C,) class weight expanded with stride
+    0: read at w + y it was out of bounds (the kernel path gave 0.085 for the eager 0.300)."""
+    gen = torch.Generator().manual_seed(11)
+    x = torch.randn(6, 5, generator=gen)
+    h, w = torch.randn(6, 4, generator=gen), torch.randn(5, 4, generator=gen)
+    y = torch.tensor([0, 1, 2, 3, 4, 4])
+    alpha = torch.tensor(0.25)
+    for fn, args in [
+        (torch_impl.softmax_focal_loss, (x, y)),
+        (torch_impl.linear_softmax_focal_loss, (h, w, y)),
+    ]:
+        results = []
+        for mode in ("eager", "triton"):
+            inputs = [a.clone().requires_grad_() for a in args[:-1]]
+            with torch_impl.kernels(mode):
+                loss = fn(*inputs, y, alpha=alpha, gamma=2.0)
+            loss.backward()
+            results.append([loss] + [a.grad for a in inputs])
+        for got, expected in zip(results[1], results[0], strict=True):
+            torch.testing.assert_close(got, expected)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_normalizer_gives_the_eager_result_on_the_kernel_path(dtype):
     gen = torch.Generator().manual_seed(7)

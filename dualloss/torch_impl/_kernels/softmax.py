@@ -268,6 +268,9 @@ def _launch(
     if rows == 0:
         return
     block, warps = _block(c)
+    # the kernel reads w[y] at w + y: an expanded class weight (a 0-dim `alpha` tensor
+    # broadcast to (C,), stride 0) laid out as C numbers first
+    w = None if w is None else w.contiguous()
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32
     info = torch.finfo(acc)
     scale, scale_stride = _row_scale(scale)
@@ -373,3 +376,4 @@ def _(g, axis, scale, divisor):
 @scale_rows.register_fake
 def _(g, axis, scale, divisor):
     return torch.empty_like(g)
+
