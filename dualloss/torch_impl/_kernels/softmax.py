@@ -1,4 +1,5 @@
-"""Triton kernels of the softmax losses with class-index targets (``spec.softmax`` closed forms).
+"""Triton kernels of the softmax losses (``spec.softmax`` closed forms): class-index targets, and
+probability targets (the cross entropy) at the end.
 
 One program per row (a row: the C logits of one element, read with the class stride, so
 ``(N, C, d1, ...)`` needs no copy). Pass 1 is an online pass over the row: the largest logit
@@ -377,3 +378,271 @@ def _(g, axis, scale, divisor):
 def _(g, axis, scale, divisor):
     return torch.empty_like(g)
 
+
+# ----------------------------------------------------------------------------------------------
+# Probability targets (the cross entropy, and the focal loss at gamma = 0): a dense target mass
+# ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _softmax_dense_kernel(
+    z_ptr, t_ptr, w_ptr, m_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride,
+    divisor_ptr, C, D, stride_n, stride_c, stride_d, m_stride_n, m_stride_c, m_stride_d,
+    smoothing, z_loss, softcap,
+    HAS_W: tl.constexpr, HAS_M: tl.constexpr, SMOOTH: tl.constexpr, COUNT: tl.constexpr,
+    NEEDS_GRAD: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DIVISOR: tl.constexpr,
+    STORE_LOSS: tl.constexpr, Z_LOSS: tl.constexpr, CAP: tl.constexpr,
+    ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    """``spec._softmax_focal_terms`` at gamma = 0 for a target mass a_c = w_c t~_c per class:
+    t~ the target distribution t on the classes inside `where` (m; classes outside it are a
+    logit of -inf and lose their mass), smoothed as (1 - eps) t + eps / K over the K classes
+    inside it. Pass 1 as the index kernel's (z_top, the first top, s without the top's 1) and
+    K; pass 2 the mass: A = sum a_c, the class of the largest mass (the first) and the sum of
+    the others' (``spec._sum_except_self``), and M = sum a_c (c_c - c_top) (0 log 0 = 0), so
+    the loss is A log1p(s) - M, two sums of terms of one sign. Pass 3 writes the gradient
+    p_j sum_{c != j} a_c - (1 - p_j) a_j (1 - p_top = s / (1 + s)), plus 2 z_loss lse p_j,
+    through the cap. A row with no class inside `where` is left out (0, no gradient)."""
+    row = tl.program_id(0).to(tl.int64)
+    n = row // D
+    d = row - n * D
+    base = n * stride_n + d * stride_d
+    m_base = n * m_stride_n + d * m_stride_d
+    cols = tl.arange(0, BLOCK)
+    inf = float("inf")
+
+    # pass 1: z_top, top (first on ties), s = sum_{j != top} exp(c_j - c_top) and K, online
+    z_top = tl.full((), -inf, ACC)
+    top = tl.full((), 0, tl.int64)
+    s = tl.full((), 0.0, ACC)
+    has_nan = tl.full((), 0, tl.int32)
+    num_valid = tl.full((), 0, tl.int32)
+    for start in range(0, C, BLOCK):
+        j = start + cols
+        inside = j < C
+        z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-inf).to(ACC)
+        if CAP:
+            z = _softcap(z, softcap, EXACT)
+        if HAS_M:
+            # classes outside `where` leave the softmax: a logit of -inf, whatever it was
+            valid = tl.load(m_ptr + m_base + j.to(tl.int64) * m_stride_c, mask=inside, other=0)
+            valid = (valid != 0) & inside
+            z = tl.where(valid, z, -inf)
+            num_valid += tl.sum(valid.to(tl.int32), 0)
+        has_nan = has_nan | tl.max((z != z).to(tl.int32), 0)
+        block_top = tl.max(z, 0)
+        block_at = tl.min(tl.where(z == block_top, j, C), 0)
+        new_top = block_top > z_top
+        m = tl.where(new_top, block_top, z_top)
+        terms = tl.where(z == -inf, 0.0, _exp(z - m, EXACT))
+        terms = tl.where(j == block_at, tl.where(new_top, 0.0, terms), terms)
+        old = tl.where(z_top == -inf, 0.0, (s + 1.0) * _exp(z_top - m, EXACT))
+        s = tl.where(new_top, old, s) + tl.sum(terms, 0)
+        top = tl.where(new_top, block_at.to(tl.int64), top)
+        z_top = m
+    if HAS_M:
+        keep = num_valid > 0
+    else:
+        keep = C > 0
+        num_valid = C
+    # a NaN or +inf logit (or a row of -inf) gives NaN, never a number
+    log1p_s = _log1p(s, EXACT) + 0.0 * z_top
+    log1p_s = tl.where(has_nan != 0, float("nan"), log1p_s)
+    uniform = smoothing / tl.maximum(num_valid, 1).to(ACC)
+
+    # pass 2: A, the largest mass and the others' sum, and M = sum a_c (c_c - c_top)
+    total = tl.full((), 0.0, ACC)
+    big = tl.full((), -1.0, ACC)
+    big_at = tl.full((), 0, tl.int64)
+    rest = tl.full((), 0.0, ACC)
+    shifted_sum = tl.full((), 0.0, ACC)
+    for start in range(0, C, BLOCK):
+        j = start + cols
+        inside = j < C
+        offsets = base + j.to(tl.int64) * stride_c
+        z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
+        if CAP:
+            z = _softcap(z, softcap, EXACT)
+        a = tl.load(t_ptr + offsets, mask=inside, other=0.0).to(ACC)
+        if HAS_M:
+            valid = tl.load(m_ptr + m_base + j.to(tl.int64) * m_stride_c, mask=inside, other=0)
+            valid = (valid != 0) & inside
+            z = tl.where(valid, z, -inf)
+        else:
+            valid = inside
+        if SMOOTH:
+            a = (1.0 - smoothing) * a + uniform
+        a = tl.where(valid, a, 0.0)
+        if HAS_W:
+            a = a * tl.load(w_ptr + j, mask=inside, other=0.0).to(ACC)
+        block_big = tl.max(a, 0)
+        block_at = tl.min(tl.where(a == block_big, j, C), 0)
+        # the block's others summed without its largest (no sum - largest cancellation)
+        block_rest = tl.sum(tl.where(j == block_at, 0.0, a), 0)
+        total += block_rest + block_big
+        new_big = block_big > big
+        # a new largest: the old one (none at first) joins the others, the block's stays out
+        rest = rest + block_rest + tl.where(new_big, tl.maximum(big, 0.0), block_big)
+        big_at = tl.where(new_big, block_at.to(tl.int64), big_at)
+        big = tl.where(new_big, block_big, big)
+        # 0 log 0 = 0: a class with no mass adds nothing, also at a logit of -inf
+        shifted_sum += tl.sum(tl.where(a == 0.0, 0.0, a * (z - z_top)), 0)
+    loss = total * log1p_s - shifted_sum
+    if Z_LOSS:
+        lse = z_top + log1p_s
+        loss = loss + z_loss * lse * lse
+        z_coefficient = 2.0 * z_loss * lse
+    else:
+        z_coefficient = 0.0
+    if STORE_LOSS:
+        tl.store(loss_ptr + row, tl.where(keep, loss, 0.0).to(loss_ptr.dtype.element_ty))
+    if COUNT:
+        tl.store(loss_ptr + count_at + row, keep.to(ACC))
+
+    if NEEDS_GRAD:
+        # pass 3: p_j sum_{c != j} a_c - (1 - p_j) a_j (+ 2 z_loss lse p_j); masked classes and
+        # rows not kept get 0
+        scale = 1.0
+        if HAS_SCALE:
+            scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
+            if HAS_DIVISOR:
+                scale = scale / tl.load(divisor_ptr).to(ACC)
+        inverse = tl.where(log1p_s != log1p_s, float("nan"), 1.0 / (1.0 + s))
+        not_p_top = s / (1.0 + s)
+        for start in range(0, C, BLOCK):
+            j = start + cols
+            inside = j < C
+            offsets = base + j.to(tl.int64) * stride_c
+            z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
+            if CAP:
+                c = _softcap(z, softcap, EXACT)
+            else:
+                c = z
+            a = tl.load(t_ptr + offsets, mask=inside, other=0.0).to(ACC)
+            if HAS_M:
+                valid = tl.load(m_ptr + m_base + j.to(tl.int64) * m_stride_c, mask=inside, other=0)
+                valid = (valid != 0) & inside
+                c = tl.where(valid, c, -inf)
+            else:
+                valid = inside
+            if SMOOTH:
+                a = (1.0 - smoothing) * a + uniform
+            a = tl.where(valid, a, 0.0)
+            if HAS_W:
+                a = a * tl.load(w_ptr + j, mask=inside, other=0.0).to(ACC)
+            p = tl.where(c == -inf, 0.0, _exp(c - z_top, EXACT)) * inverse
+            not_p = tl.where(j == top, not_p_top, 1.0 - p)
+            others = tl.where(j == big_at, rest, total - a)
+            grad = p * others - not_p * a
+            if Z_LOSS:
+                grad = grad + z_coefficient * p
+            grad = grad * scale
+            if CAP:
+                grad = grad * _dcap(z, softcap, EXACT)
+            grad = tl.where(keep & valid, grad, 0.0)
+            tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+
+
+def _mask_rows(where: Tensor | None, shape, axis: int) -> tuple[Tensor | None, int, int, int]:
+    """`where` (broadcastable to `shape`) read as (N, C, D) around the class axis: a view with
+    stride 0 along the broadcast dimensions where one exists (a copy only where the broadcast
+    cannot be read so), and its three strides."""
+    if where is None:
+        return None, 0, 0, 0
+    c = shape[axis]
+    n, d = math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
+    m = where.expand(shape).reshape(n, c, d)
+    return m, m.stride(0), m.stride(1), m.stride(2)
+
+
+def _dense_launch(
+    z, t, w, where, axis, label_smoothing, loss, count_at, grad, scale=None, divisor=None,
+    z_loss=0.0, softcap=None,
+):  # fmt: skip
+    """The dense-mass row kernel: the per-element losses into `loss` (None: not stored), the
+    kept rows' counts from `count_at` on (0: none), the gradient (times `scale` / `divisor`)
+    into `grad` (None: not computed)."""
+    rows, c, d, stride_n, stride_c, stride_d = _rows(z, axis)
+    if rows == 0:
+        return
+    block, warps = _block(c)
+    scale, scale_stride = _row_scale(scale)
+    # the kernel reads w at w + j (an expanded 0-dim `alpha` laid out as C numbers first)
+    w = None if w is None else w.contiguous()
+    m, m_stride_n, m_stride_c, m_stride_d = _mask_rows(where, z.shape, axis)
+    anything = z  # a pointer the kernel never reads (constexpr flags say so)
+    _softmax_dense_kernel[(rows,)](
+        z, t, w if w is not None else anything, m if m is not None else anything,
+        loss if loss is not None else anything, count_at, grad if grad is not None else anything,
+        scale if scale is not None else anything, scale_stride,
+        divisor if divisor is not None else anything,
+        c, d, stride_n, stride_c, stride_d, m_stride_n, m_stride_c, m_stride_d,
+        float(label_smoothing), float(z_loss), 1.0 if softcap is None else float(softcap),
+        HAS_W=w is not None, HAS_M=m is not None, SMOOTH=label_smoothing != 0.0,
+        COUNT=count_at > 0, NEEDS_GRAD=grad is not None, HAS_SCALE=scale is not None,
+        HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
+        Z_LOSS=z_loss != 0.0, CAP=softcap is not None,
+        ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
+    )  # fmt: skip
+
+
+@torch.library.custom_op(
+    "dualloss::softmax_dense_fwd_", mutates_args=("loss", "denominator", "grad")
+)
+def softmax_dense_fwd_(
+    z: Tensor,
+    t: Tensor,
+    w: Tensor | None,
+    where: Tensor | None,
+    axis: int,
+    label_smoothing: float,
+    loss: Tensor,
+    denominator: Tensor | None,
+    grad: Tensor | None,
+    z_loss: float,
+    softcap: float | None,
+) -> None:
+    """The cross entropy with probability targets: z contiguous logits with the class axis
+    `axis`, t contiguous targets of z's shape, w (C,) the class weight or None, `where` a class
+    mask broadcastable to z or None; the results written into buffers the caller allocates
+    (``softmax_index_fwd_``'s: `loss` y's shape, or 0-dim for the sum, or with a 0-dim
+    `denominator` the mean over the rows with a class inside `where`)."""
+    if loss.dim() > 0:
+        _dense_launch(z, t, w, where, axis, label_smoothing, loss, 0, grad, None, None, z_loss,
+                      softcap)  # fmt: skip
+        return
+    acc = torch.float64 if z.dtype == torch.float64 else torch.float32
+    mean = denominator is not None
+    num_rows = z.numel() // max(z.shape[axis], 1)
+    rows = torch.empty((2 if mean else 1) * num_rows, dtype=acc, device=z.device)
+    count_at = num_rows if mean else 0
+    _dense_launch(z, t, w, where, axis, label_smoothing, rows, count_at, grad, None, None, z_loss,
+                  softcap)  # fmt: skip
+    _reduce_kernel[(1,)](
+        rows, loss, denominator if mean else loss, num_rows, torch.finfo(acc).tiny, 0.0,
+        MEAN=int(mean), ACC=_acc(z.dtype), BLOCK=1024, num_warps=4,
+    )  # fmt: skip
+
+
+@softmax_dense_fwd_.register_fake
+def _(z, t, w, where, axis, label_smoothing, loss, denominator, grad, z_loss, softcap):
+    return None
+
+
+@torch.library.custom_op("dualloss::softmax_dense_bwd", mutates_args=())
+def softmax_dense_bwd(
+    z: Tensor, t: Tensor, w: Tensor | None, where: Tensor | None, axis: int,
+    label_smoothing: float, scale: Tensor, divisor: Tensor | None, z_loss: float,
+    softcap: float | None,
+) -> Tensor:  # fmt: skip
+    """The gradient of ``softmax_dense_fwd_``'s per-element loss times `scale` over `divisor`,
+    recomputed from the logits in one launch and rounded once (half precision)."""
+    grad = torch.empty_like(z)
+    _dense_launch(z, t, w, where, axis, label_smoothing, None, 0, grad, scale, divisor, z_loss,
+                  softcap)  # fmt: skip
+    return grad
+
+
+@softmax_dense_bwd.register_fake
+def _(z, t, w, where, axis, label_smoothing, scale, divisor, z_loss, softcap):
+    return torch.empty_like(z)
