@@ -1,7 +1,8 @@
 """Where a GPU call of each torch loss spends its time: ``python -m dev.gpu_profile [--device
 gpu:0] [--shape 4096x1000]`` (``--device cpu`` runs the same on the CPU).
 
-For softmax CE, softmax focal, sigmoid CE and F.cross_entropy: the wall time per forward+backward
+For softmax CE, softmax focal, sigmoid CE and F.cross_entropy (and the two softmax CEs with
+probability targets): the wall time per forward+backward
 (synchronised, 20 calls after 5 warm-ups), then a ``torch.profiler`` table (CPU and CUDA) of three
 calls, sorted by host time: the kernel launches per call and host time against GPU time show
 whether a loss is launch-bound (docs/devices.md, first GPU run).
@@ -36,11 +37,19 @@ def main(argv=None) -> int:
     x = torch.randn(n, c, device=dev, requires_grad=True)
     y = torch.randint(0, c, (n,), device=dev)
     t = (torch.rand(n, c, device=dev) < 0.1).float()
+    soft = torch.softmax(torch.randn(n, c, device=dev), dim=-1)
     calls = {
         "softmax_cross_entropy": lambda: torch_impl.softmax_cross_entropy(x, y),
         "softmax_focal_loss": lambda: torch_impl.softmax_focal_loss(x, y),
         "sigmoid_cross_entropy": lambda: torch_impl.sigmoid_cross_entropy(x, t),
         "F.cross_entropy": lambda: F.cross_entropy(x, y),
+        # probability targets with label smoothing: the dense kernel against torch's own
+        "softmax_cross_entropy (probabilities, smoothing 0.1)": lambda: (
+            torch_impl.softmax_cross_entropy(x, soft, label_smoothing=0.1)
+        ),
+        "F.cross_entropy (probabilities, smoothing 0.1)": lambda: F.cross_entropy(
+            x, soft, label_smoothing=0.1
+        ),
     }
     activities = [ProfilerActivity.CPU]
     if devices.is_gpu(where):
