@@ -615,7 +615,7 @@ def test_a_normalizer_gives_the_eager_result_on_the_kernel_path(dtype):
 
 
 # ----------------------------------------------------------------------------------------------
-# Probability targets: the dense-mass kernel (cross entropy; the focal loss at gamma = 0)
+# Probability targets: the dense-mass kernel (the cross entropy and the focal loss)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -634,8 +634,8 @@ def _dense_triton(fn, **options):
     [
         ("softmax_cross_entropy", {}, ("float32",)),
         (
-            "softmax_cross_entropy",
-            {"label_smoothing": 0.2, "z_loss": 1e-3, "softcap": 15.0},
+            "softmax_focal_loss",
+            {"gamma": 0.5, "label_smoothing": 0.2, "z_loss": 1e-3, "softcap": 15.0},
             ("float32",),
         ),
     ],
@@ -688,6 +688,8 @@ def test_the_probability_target_kernel_agrees_with_the_eager_path_and_torch(
         (torch_impl.softmax_cross_entropy, {"weight": weight, "label_smoothing": 0.1}, True),
         (torch_impl.softmax_cross_entropy, {"where": where}, False),
         (torch_impl.softmax_focal_loss, {"gamma": 0.0, "alpha": 0.3, "where": where}, False),
+        (torch_impl.softmax_focal_loss, {"gamma": 2.0, "alpha": weight / 2, "where": where,
+                                         "label_smoothing": 0.1}, False),
         (torch_impl.softmax_cross_entropy, {"where": where, "label_smoothing": 0.3,
                                             "z_loss": 1e-2, "softcap": 6.0}, False),
     ]:  # fmt: skip

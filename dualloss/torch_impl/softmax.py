@@ -637,7 +637,7 @@ def _at_target(logits, class_weight, label_smoothing, is_index):
 
 # ----------------------------------------------------------------------------------------------
 # Triton kernels (DESIGN 11): class-index targets without smoothing or `where`, and probability
-# targets (cross entropy), on CUDA
+# targets, on CUDA
 # ----------------------------------------------------------------------------------------------
 
 _TRITON = None  # kernels.softmax, imported on first use
@@ -722,13 +722,13 @@ def _softmax_triton(
 
 class _SoftmaxDenseTriton(torch.autograd.Function):
     """``_SoftmaxTriton`` for probability targets (``softmax_dense_fwd_``): the cross entropy
-    (and the focal loss at gamma = 0) of a dense target mass with `where` and label smoothing,
+    and the focal loss of a dense target mass with `where` and label smoothing,
     its gradient from forward, scaled in backward; half precision recomputes it in backward;
     under ``create_graph=True`` the eager closed form. No gradient for the targets (a target
     that needs one takes the eager path)."""
 
     @staticmethod
-    def forward(ctx, z, t, w, where, axis, label_smoothing, reduction, z_loss, softcap):
+    def forward(ctx, z, t, w, where, axis, gamma, label_smoothing, reduction, z_loss, softcap):
         keeps_grad = ctx.needs_input_grad[0] and z.dtype in (torch.float32, torch.float64)
         grad = torch.empty_like(z) if keeps_grad else None
         shape = z.shape[:axis] + z.shape[axis + 1 :]
@@ -736,10 +736,10 @@ class _SoftmaxDenseTriton(torch.autograd.Function):
         acc = torch.float64 if z.dtype == torch.float64 else torch.float32
         denominator = loss.new_empty((), dtype=acc) if reduction == "mean" else None
         _TRITON.softmax_dense_fwd_(
-            z, t, w, where, axis, label_smoothing, loss, denominator, grad, z_loss, softcap
+            z, t, w, where, axis, gamma, label_smoothing, loss, denominator, grad, z_loss, softcap
         )
         ctx.save_for_backward(z, t, w, where, denominator, grad)
-        ctx.axis, ctx.label_smoothing = axis, label_smoothing
+        ctx.axis, ctx.gamma, ctx.label_smoothing = axis, gamma, label_smoothing
         ctx.z_loss, ctx.softcap = z_loss, softcap
         ctx.grad_is_private = _saved_tensors_are_private()
         return loss
@@ -750,28 +750,26 @@ class _SoftmaxDenseTriton(torch.autograd.Function):
         if torch.is_grad_enabled():
             scale = grad_loss if divisor is None else grad_loss / divisor
             grad = _softmax_loss_or_grad(
-                z, t, where, w, ctx.axis, 0.0, -100, ctx.label_smoothing, ctx.z_loss,
+                z, t, where, w, ctx.axis, ctx.gamma, -100, ctx.label_smoothing, ctx.z_loss,
                 ctx.softcap, scale,
             )  # fmt: skip
         elif grad is None:
             grad = _TRITON.softmax_dense_bwd(
-                z, t, w, where, ctx.axis, ctx.label_smoothing, grad_loss, divisor, ctx.z_loss,
-                ctx.softcap,
+                z, t, w, where, ctx.axis, ctx.gamma, ctx.label_smoothing, grad_loss, divisor,
+                ctx.z_loss, ctx.softcap,
             )  # fmt: skip
         elif ctx.grad_is_private and _frees_saved_tensors():
             _TRITON.scale_rows_(grad, ctx.axis, grad_loss, divisor)
         else:
             grad = _TRITON.scale_rows(grad, ctx.axis, grad_loss, divisor)
-        return grad, None, None, None, None, None, None, None, None
+        return grad, None, None, None, None, None, None, None, None, None
 
 
-def _softmax_dense_takes_triton(logits, targets, class_weight, gamma, is_index):
-    """Whether the probability-target kernel computes this call: the cross entropy (gamma 0),
-    no gradient asked of the targets or the class weight (``torch_impl.kernels`` decides
-    where)."""
+def _softmax_dense_takes_triton(logits, targets, class_weight, is_index):
+    """Whether the probability-target kernel computes this call: no gradient asked of the
+    targets or the class weight (``torch_impl.kernels`` decides where)."""
     return (
         not is_index
-        and gamma == 0.0
         and not targets.requires_grad
         and (class_weight is None or not class_weight.requires_grad)
         and not _in_transform()
@@ -780,7 +778,7 @@ def _softmax_dense_takes_triton(logits, targets, class_weight, gamma, is_index):
 
 
 def _softmax_dense_triton(
-    logits, targets, class_weight, where, axis, label_smoothing, reduction, z_loss, softcap
+    logits, targets, class_weight, where, axis, gamma, label_smoothing, reduction, z_loss, softcap
 ):
     """The probability-target loss in the logits' dtype, reduced by the kernels (the mean over
     the elements with a class inside `where`)."""
@@ -790,7 +788,16 @@ def _softmax_dense_triton(
     z = logits if logits.is_contiguous() else logits.contiguous()
     t = targets.contiguous()
     return _SoftmaxDenseTriton.apply(
-        z, t, class_weight, where, axis, float(label_smoothing), reduction, z_loss, softcap
+        z,
+        t,
+        class_weight,
+        where,
+        axis,
+        float(gamma),
+        float(label_smoothing),
+        reduction,
+        z_loss,
+        softcap,
     )
 
 
@@ -1421,11 +1428,11 @@ def _softmax(
         if normalizer is not None:
             loss = _reduce(loss, reduction, normalizer).to(logits.dtype)
         return loss
-    if exact_sum and _softmax_dense_takes_triton(logits, targets, class_weight, gamma, is_index):
+    if exact_sum and _softmax_dense_takes_triton(logits, targets, class_weight, is_index):
         # probability targets: the mean over the elements with a class inside `where`
         kernel_reduction = "sum" if normalizer is not None else reduction
         loss = _softmax_dense_triton(
-            logits, targets, class_weight, where, axis, label_smoothing, kernel_reduction,
+            logits, targets, class_weight, where, axis, gamma, label_smoothing, kernel_reduction,
             z_loss, softcap,
         )  # fmt: skip
         if normalizer is not None:

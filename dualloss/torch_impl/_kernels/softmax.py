@@ -1,5 +1,5 @@
 """Triton kernels of the softmax losses (``spec.softmax`` closed forms): class-index targets, and
-probability targets (the cross entropy) at the end.
+probability targets (a dense target mass) at the end.
 
 One program per row (a row: the C logits of one element, read with the class stride, so
 ``(N, C, d1, ...)`` needs no copy). Pass 1 is an online pass over the row: the largest logit
@@ -380,29 +380,76 @@ def _(g, axis, scale, divisor):
 
 
 # ----------------------------------------------------------------------------------------------
-# Probability targets (the cross entropy, and the focal loss at gamma = 0): a dense target mass
+# Probability targets (the cross entropy and the focal loss): a dense target mass
 # ----------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _dense_mass(t_ptr, w_ptr, offsets, j, inside, valid, smoothing, uniform,
+                HAS_W: tl.constexpr, SMOOTH: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
+    """a_c = w_c t~_c of a block of classes: the target on the classes inside `where`, smoothed
+    as (1 - eps) t + eps / K."""
+    a = tl.load(t_ptr + offsets, mask=inside, other=0.0).to(ACC)
+    if SMOOTH:
+        a = (1.0 - smoothing) * a + uniform
+    a = tl.where(valid, a, 0.0)
+    if HAS_W:
+        a = a * tl.load(w_ptr + j, mask=inside, other=0.0).to(ACC)
+    return a
+
+
+@triton.jit
+def _dense_terms(c, a, is_top, z_top, s, log1p_s, log_s, gamma, eps,
+                 FOCAL: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    """A block of classes' p, 1 - p, v (``spec._softmax_focal_terms``: a (1 - p)^gamma
+    (1 - gamma phi), a at gamma 0) and loss term a (1 - p)^gamma log p (0 where a is 0)."""
+    log_p = (c - z_top) - log1p_s
+    # p = exp(c - c_top) / (1 + s): one rounded difference in the exponent
+    p = tl.where(c == -float("inf"), 0.0, _exp(c - z_top, EXACT)) / (1.0 + s)
+    # 1 - p_top = s / (1 + s), never formed as 1 - p
+    not_p = tl.where(is_top, s / (1.0 + s), 1.0 - p)
+    if FOCAL:
+        # log(1 - p): log s - log1p(s) at a top with s < 1, log1p(-p) elsewhere
+        from_s = tl.where(is_top, s < 1.0, False)
+        log_not_p = tl.where(from_s, log_s - log1p_s, _log1p(-tl.where(from_s, 0.0, p), EXACT))
+        focal_weight = _exp(gamma * log_not_p, EXACT)
+        # phi(p) = p log p / (1 - p): -log1p(s) / s at the top (-1 + s / 2 below s = eps)
+        is_big = s > eps
+        phi_top = tl.where(is_big, -log1p_s / tl.where(is_big, s, 1.0), s / 2.0 - 1.0)
+        has_p = tl.where(is_top, False, p > 0.0)
+        phi_rest = tl.where(
+            has_p, p * tl.where(has_p, log_p, 0.0) / tl.where(has_p, not_p, 1.0), 0.0
+        )
+        weighted = a * focal_weight
+        v = weighted * (1.0 - gamma * tl.where(is_top, phi_top, phi_rest))
+    else:
+        weighted = a
+        v = a
+    # 0 log 0 = 0: a class with no mass adds nothing, also at a logit of -inf (0 log1p(s): NaN
+    # where the row is NaN)
+    term = tl.where(a == 0.0, 0.0 * log1p_s, weighted * log_p)
+    return p, not_p, v, term
 
 
 @triton.jit
 def _softmax_dense_kernel(
     z_ptr, t_ptr, w_ptr, m_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride,
     divisor_ptr, C, D, stride_n, stride_c, stride_d, m_stride_n, m_stride_c, m_stride_d,
-    smoothing, z_loss, softcap,
-    HAS_W: tl.constexpr, HAS_M: tl.constexpr, SMOOTH: tl.constexpr, COUNT: tl.constexpr,
-    NEEDS_GRAD: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DIVISOR: tl.constexpr,
-    STORE_LOSS: tl.constexpr, Z_LOSS: tl.constexpr, CAP: tl.constexpr,
-    ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
+    gamma, smoothing, tiny, eps, z_loss, softcap,
+    HAS_W: tl.constexpr, HAS_M: tl.constexpr, SMOOTH: tl.constexpr, FOCAL: tl.constexpr,
+    COUNT: tl.constexpr, NEEDS_GRAD: tl.constexpr, HAS_SCALE: tl.constexpr,
+    HAS_DIVISOR: tl.constexpr, STORE_LOSS: tl.constexpr, Z_LOSS: tl.constexpr,
+    CAP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
-    """``spec._softmax_focal_terms`` at gamma = 0 for a target mass a_c = w_c t~_c per class:
-    t~ the target distribution t on the classes inside `where` (m; classes outside it are a
-    logit of -inf and lose their mass), smoothed as (1 - eps) t + eps / K over the K classes
-    inside it. Pass 1 as the index kernel's (z_top, the first top, s without the top's 1) and
-    K; pass 2 the mass: A = sum a_c, the class of the largest mass (the first) and the sum of
-    the others' (``spec._sum_except_self``), and M = sum a_c (c_c - c_top) (0 log 0 = 0), so
-    the loss is A log1p(s) - M, two sums of terms of one sign. Pass 3 writes the gradient
-    p_j sum_{c != j} a_c - (1 - p_j) a_j (1 - p_top = s / (1 + s)), plus 2 z_loss lse p_j,
-    through the cap. A row with no class inside `where` is left out (0, no gradient)."""
+    """``spec._softmax_focal_terms`` for a target mass a_c = w_c t~_c per class: t~ the target
+    distribution t on the classes inside `where` (m; classes outside it are a logit of -inf and
+    lose their mass), smoothed as (1 - eps) t + eps / K over the K classes inside it. Pass 1 as
+    the index kernel's (z_top, the first top, s without the top's 1) and K; pass 2 each class's
+    v (``_dense_terms``; a at gamma 0): V = sum v, the class of the largest v (the first) and
+    the sum of the others' (``spec._sum_except_self``), and the loss -sum a (1 - p)^gamma log p,
+    terms of one sign. Pass 3 writes the gradient p_j sum_{c != j} v_c - (1 - p_j) v_j, plus
+    2 z_loss lse p_j, through the cap. A row with no class inside `where` is left out (0, no
+    gradient)."""
     row = tl.program_id(0).to(tl.int64)
     n = row // D
     d = row - n * D
@@ -448,46 +495,44 @@ def _softmax_dense_kernel(
     # a NaN or +inf logit (or a row of -inf) gives NaN, never a number
     log1p_s = _log1p(s, EXACT) + 0.0 * z_top
     log1p_s = tl.where(has_nan != 0, float("nan"), log1p_s)
+    is_normal = s >= tiny
+    log_s = tl.where(is_normal, _log(tl.where(is_normal, s, 1.0), EXACT), -inf)
     uniform = smoothing / tl.maximum(num_valid, 1).to(ACC)
 
-    # pass 2: A, the largest mass and the others' sum, and M = sum a_c (c_c - c_top)
+    # pass 2: V = sum v, the largest v and the others' sum, and the loss
     total = tl.full((), 0.0, ACC)
     big = tl.full((), -1.0, ACC)
     big_at = tl.full((), 0, tl.int64)
     rest = tl.full((), 0.0, ACC)
-    shifted_sum = tl.full((), 0.0, ACC)
+    loss = tl.full((), 0.0, ACC)
     for start in range(0, C, BLOCK):
         j = start + cols
         inside = j < C
         offsets = base + j.to(tl.int64) * stride_c
-        z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
+        c = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
         if CAP:
-            z = _softcap(z, softcap, EXACT)
-        a = tl.load(t_ptr + offsets, mask=inside, other=0.0).to(ACC)
+            c = _softcap(c, softcap, EXACT)
         if HAS_M:
             valid = tl.load(m_ptr + m_base + j.to(tl.int64) * m_stride_c, mask=inside, other=0)
             valid = (valid != 0) & inside
-            z = tl.where(valid, z, -inf)
+            c = tl.where(valid, c, -inf)
         else:
             valid = inside
-        if SMOOTH:
-            a = (1.0 - smoothing) * a + uniform
-        a = tl.where(valid, a, 0.0)
-        if HAS_W:
-            a = a * tl.load(w_ptr + j, mask=inside, other=0.0).to(ACC)
-        block_big = tl.max(a, 0)
-        block_at = tl.min(tl.where(a == block_big, j, C), 0)
+        a = _dense_mass(t_ptr, w_ptr, offsets, j, inside, valid, smoothing, uniform,
+                        HAS_W, SMOOTH, ACC)  # fmt: skip
+        _, _, v, term = _dense_terms(c, a, j == top, z_top, s, log1p_s, log_s, gamma, eps,
+                                     FOCAL, EXACT)  # fmt: skip
+        block_big = tl.max(v, 0)
+        block_at = tl.min(tl.where(v == block_big, j, C), 0)
         # the block's others summed without its largest (no sum - largest cancellation)
-        block_rest = tl.sum(tl.where(j == block_at, 0.0, a), 0)
+        block_rest = tl.sum(tl.where(j == block_at, 0.0, v), 0)
         total += block_rest + block_big
         new_big = block_big > big
         # a new largest: the old one (none at first) joins the others, the block's stays out
         rest = rest + block_rest + tl.where(new_big, tl.maximum(big, 0.0), block_big)
         big_at = tl.where(new_big, block_at.to(tl.int64), big_at)
         big = tl.where(new_big, block_big, big)
-        # 0 log 0 = 0: a class with no mass adds nothing, also at a logit of -inf
-        shifted_sum += tl.sum(tl.where(a == 0.0, 0.0, a * (z - z_top)), 0)
-    loss = total * log1p_s - shifted_sum
+        loss -= tl.sum(term, 0)
     if Z_LOSS:
         lse = z_top + log1p_s
         loss = loss + z_loss * lse * lse
@@ -500,15 +545,13 @@ def _softmax_dense_kernel(
         tl.store(loss_ptr + count_at + row, keep.to(ACC))
 
     if NEEDS_GRAD:
-        # pass 3: p_j sum_{c != j} a_c - (1 - p_j) a_j (+ 2 z_loss lse p_j); masked classes and
+        # pass 3: p_j sum_{c != j} v_c - (1 - p_j) v_j (+ 2 z_loss lse p_j); masked classes and
         # rows not kept get 0
         scale = 1.0
         if HAS_SCALE:
             scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
             if HAS_DIVISOR:
                 scale = scale / tl.load(divisor_ptr).to(ACC)
-        inverse = tl.where(log1p_s != log1p_s, float("nan"), 1.0 / (1.0 + s))
-        not_p_top = s / (1.0 + s)
         for start in range(0, C, BLOCK):
             j = start + cols
             inside = j < C
@@ -518,25 +561,22 @@ def _softmax_dense_kernel(
                 c = _softcap(z, softcap, EXACT)
             else:
                 c = z
-            a = tl.load(t_ptr + offsets, mask=inside, other=0.0).to(ACC)
             if HAS_M:
                 valid = tl.load(m_ptr + m_base + j.to(tl.int64) * m_stride_c, mask=inside, other=0)
                 valid = (valid != 0) & inside
                 c = tl.where(valid, c, -inf)
             else:
                 valid = inside
-            if SMOOTH:
-                a = (1.0 - smoothing) * a + uniform
-            a = tl.where(valid, a, 0.0)
-            if HAS_W:
-                a = a * tl.load(w_ptr + j, mask=inside, other=0.0).to(ACC)
-            p = tl.where(c == -inf, 0.0, _exp(c - z_top, EXACT)) * inverse
-            not_p = tl.where(j == top, not_p_top, 1.0 - p)
-            others = tl.where(j == big_at, rest, total - a)
-            grad = p * others - not_p * a
+            a = _dense_mass(t_ptr, w_ptr, offsets, j, inside, valid, smoothing, uniform,
+                            HAS_W, SMOOTH, ACC)  # fmt: skip
+            p, not_p, v, _ = _dense_terms(c, a, j == top, z_top, s, log1p_s, log_s, gamma, eps,
+                                          FOCAL, EXACT)  # fmt: skip
+            others = tl.where(j == big_at, rest, total - v)
+            grad = p * others - not_p * v
             if Z_LOSS:
                 grad = grad + z_coefficient * p
-            grad = grad * scale
+            # NaN where the row's loss is NaN
+            grad = tl.where(log1p_s != log1p_s, float("nan"), grad) * scale
             if CAP:
                 grad = grad * _dcap(z, softcap, EXACT)
             grad = tl.where(keep & valid, grad, 0.0)
@@ -556,8 +596,8 @@ def _mask_rows(where: Tensor | None, shape, axis: int) -> tuple[Tensor | None, i
 
 
 def _dense_launch(
-    z, t, w, where, axis, label_smoothing, loss, count_at, grad, scale=None, divisor=None,
-    z_loss=0.0, softcap=None,
+    z, t, w, where, axis, gamma, label_smoothing, loss, count_at, grad, scale=None,
+    divisor=None, z_loss=0.0, softcap=None,
 ):  # fmt: skip
     """The dense-mass row kernel: the per-element losses into `loss` (None: not stored), the
     kept rows' counts from `count_at` on (0: none), the gradient (times `scale` / `divisor`)
@@ -570,6 +610,7 @@ def _dense_launch(
     # the kernel reads w at w + j (an expanded 0-dim `alpha` laid out as C numbers first)
     w = None if w is None else w.contiguous()
     m, m_stride_n, m_stride_c, m_stride_d = _mask_rows(where, z.shape, axis)
+    info = torch.finfo(torch.float64 if z.dtype == torch.float64 else torch.float32)
     anything = z  # a pointer the kernel never reads (constexpr flags say so)
     _softmax_dense_kernel[(rows,)](
         z, t, w if w is not None else anything, m if m is not None else anything,
@@ -577,9 +618,11 @@ def _dense_launch(
         scale if scale is not None else anything, scale_stride,
         divisor if divisor is not None else anything,
         c, d, stride_n, stride_c, stride_d, m_stride_n, m_stride_c, m_stride_d,
-        float(label_smoothing), float(z_loss), 1.0 if softcap is None else float(softcap),
+        float(gamma), float(label_smoothing), info.tiny, info.eps, float(z_loss),
+        1.0 if softcap is None else float(softcap),
         HAS_W=w is not None, HAS_M=m is not None, SMOOTH=label_smoothing != 0.0,
-        COUNT=count_at > 0, NEEDS_GRAD=grad is not None, HAS_SCALE=scale is not None,
+        FOCAL=gamma != 0.0, COUNT=count_at > 0, NEEDS_GRAD=grad is not None,
+        HAS_SCALE=scale is not None,
         HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
         Z_LOSS=z_loss != 0.0, CAP=softcap is not None,
         ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
@@ -595,6 +638,7 @@ def softmax_dense_fwd_(
     w: Tensor | None,
     where: Tensor | None,
     axis: int,
+    gamma: float,
     label_smoothing: float,
     loss: Tensor,
     denominator: Tensor | None,
@@ -602,21 +646,24 @@ def softmax_dense_fwd_(
     z_loss: float,
     softcap: float | None,
 ) -> None:
-    """The cross entropy with probability targets: z contiguous logits with the class axis
+    """The softmax losses with probability targets: z contiguous logits with the class axis
     `axis`, t contiguous targets of z's shape, w (C,) the class weight or None, `where` a class
     mask broadcastable to z or None; the results written into buffers the caller allocates
     (``softmax_index_fwd_``'s: `loss` y's shape, or 0-dim for the sum, or with a 0-dim
     `denominator` the mean over the rows with a class inside `where`)."""
     if loss.dim() > 0:
-        _dense_launch(z, t, w, where, axis, label_smoothing, loss, 0, grad, None, None, z_loss,
-                      softcap)  # fmt: skip
+        _dense_launch(
+            z, t, w, where, axis, gamma, label_smoothing, loss, 0, grad, None, None, z_loss,
+            softcap,
+        )  # fmt: skip
         return
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32
     mean = denominator is not None
     num_rows = z.numel() // max(z.shape[axis], 1)
     rows = torch.empty((2 if mean else 1) * num_rows, dtype=acc, device=z.device)
     count_at = num_rows if mean else 0
-    _dense_launch(z, t, w, where, axis, label_smoothing, rows, count_at, grad, None, None, z_loss,
+    _dense_launch(z, t, w, where, axis, gamma, label_smoothing, rows, count_at, grad, None, None,
+                  z_loss,
                   softcap)  # fmt: skip
     _reduce_kernel[(1,)](
         rows, loss, denominator if mean else loss, num_rows, torch.finfo(acc).tiny, 0.0,
@@ -625,24 +672,25 @@ def softmax_dense_fwd_(
 
 
 @softmax_dense_fwd_.register_fake
-def _(z, t, w, where, axis, label_smoothing, loss, denominator, grad, z_loss, softcap):
+def _(z, t, w, where, axis, gamma, label_smoothing, loss, denominator, grad, z_loss, softcap):
     return None
 
 
 @torch.library.custom_op("dualloss::softmax_dense_bwd", mutates_args=())
 def softmax_dense_bwd(
-    z: Tensor, t: Tensor, w: Tensor | None, where: Tensor | None, axis: int,
+    z: Tensor, t: Tensor, w: Tensor | None, where: Tensor | None, axis: int, gamma: float,
     label_smoothing: float, scale: Tensor, divisor: Tensor | None, z_loss: float,
     softcap: float | None,
 ) -> Tensor:  # fmt: skip
     """The gradient of ``softmax_dense_fwd_``'s per-element loss times `scale` over `divisor`,
     recomputed from the logits in one launch and rounded once (half precision)."""
     grad = torch.empty_like(z)
-    _dense_launch(z, t, w, where, axis, label_smoothing, None, 0, grad, scale, divisor, z_loss,
+    _dense_launch(z, t, w, where, axis, gamma, label_smoothing, None, 0, grad, scale, divisor,
+                  z_loss,
                   softcap)  # fmt: skip
     return grad
 
 
 @softmax_dense_bwd.register_fake
-def _(z, t, w, where, axis, label_smoothing, scale, divisor, z_loss, softcap):
+def _(z, t, w, where, axis, gamma, label_smoothing, scale, divisor, z_loss, softcap):
     return torch.empty_like(z)
