@@ -719,17 +719,26 @@ def test_the_probability_target_kernel_agrees_with_the_eager_path_and_torch(
 def test_the_probability_target_kernel_launches_three_and_dispatches_no_more_than_the_peer(
     dtype, monkeypatch
 ):
+    """The mask is read through its own strides (a broadcast one too): no expanded copy, no op."""
     launches = _Launches(monkeypatch)
     x = torch.randn(64, 100, dtype=dtype, requires_grad=True)
     t = torch.softmax(torch.randn(64, 100), dim=-1).to(dtype)
-    with torch_impl.kernels("triton"), _Ops() as ops:
-        torch_impl.softmax_cross_entropy(x, t, label_smoothing=0.1).backward()
+    where = torch.rand(100) > 0.1
     backward = "_scale_rows_kernel" if dtype == torch.float32 else "_softmax_dense_kernel"
-    assert launches.names == ["_softmax_dense_kernel", "_reduce_kernel", backward]
+    for fn, options in [
+        (torch_impl.softmax_cross_entropy, {"label_smoothing": 0.1}),
+        (torch_impl.softmax_focal_loss, {"gamma": 2.0, "where": where}),
+    ]:
+        before = len(launches.names)
+        with torch_impl.kernels("triton"), _Ops() as ops:
+            fn(x, t, **options).backward()
+        assert launches.names[before:] == ["_softmax_dense_kernel", "_reduce_kernel", backward]
+        assert len(ops.ops) <= 8, ops.ops
     x.grad = None
     with _Ops() as peer:
         torch.nn.functional.cross_entropy(x, t, label_smoothing=0.1).backward()
-    assert len(ops.ops) <= 8 and len(ops.ops) <= len(peer.ops), (ops.ops, peer.ops)
+    # torch's own: 16 (float32)
+    assert len(ops.ops) <= len(peer.ops), (ops.ops, peer.ops)
 
 
 def test_the_probability_target_kernel_compiles_and_leaves_target_gradients_to_the_eager_form(
@@ -780,3 +789,24 @@ def test_the_largest_target_mass_keeps_its_others_apart(dtype, monkeypatch):
     expected = torch.from_numpy(expected)
     ulp = torch.from_numpy(np.spacing(expected.abs().numpy().astype(str(dtype)[6:])))
     assert ((xm.grad.double() - expected).abs() <= 16 * ulp.double()).all(), (xm.grad, expected)
+
+
+def test_the_probability_target_kernel_reads_broadcast_masks_in_any_layout(monkeypatch):
+    """A mask over (N, C, d1, d2) broadcast along d1 only: the trailing dimensions cannot be
+    walked with one stride, so the kernel gets a copy; along N only, its own strides."""
+    launches = _Launches(monkeypatch)
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 3, 5, 4, generator=gen, dtype=torch.float64)
+    t = torch.softmax(torch.randn(2, 3, 5, 4, generator=gen, dtype=torch.float64), dim=1)
+    for shape in [(2, 3, 1, 4), (3, 5, 4)]:
+        where = torch.rand(shape, generator=gen) > 0.3
+        results = []
+        for mode in ("eager", "triton"):
+            xm = x.clone().requires_grad_()
+            with torch_impl.kernels(mode):
+                loss = torch_impl.softmax_focal_loss(xm, t, gamma=1.5, where=where)
+            loss.backward()
+            results.append((loss, xm.grad))
+        torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-13, atol=0.0)
+        torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-13, atol=1e-300)
+    assert launches.names.count("_softmax_dense_kernel") == 2

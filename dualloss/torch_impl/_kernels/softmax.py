@@ -583,16 +583,38 @@ def _softmax_dense_kernel(
             tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
 
+def _flat_stride(sizes, strides) -> int | None:
+    """One stride that walks dimensions `sizes` (with `strides`) in row-major order, or None
+    where no single stride does (0 for a walk over broadcast or no dimensions)."""
+    stride, inner = None, 1
+    for size, step in zip(reversed(sizes), reversed(strides), strict=True):
+        if size == 1:
+            continue
+        if stride is None:
+            stride = step
+        elif step != stride * inner:
+            return None
+        inner *= size
+    return 0 if stride is None else stride
+
+
 def _mask_rows(where: Tensor | None, shape, axis: int) -> tuple[Tensor | None, int, int, int]:
-    """`where` (broadcastable to `shape`) read as (N, C, D) around the class axis: a view with
-    stride 0 along the broadcast dimensions where one exists (a copy only where the broadcast
-    cannot be read so), and its three strides."""
+    """`where` (broadcastable to `shape`) read as (N, C, D) around the class axis, through its
+    own strides (0 along broadcast dimensions; no torch op, so no expanded copy), and its three
+    strides; a copy only where the rows or the trailing dimensions cannot be walked with one
+    stride."""
     if where is None:
         return None, 0, 0, 0
-    c = shape[axis]
-    n, d = math.prod(shape[:axis]), math.prod(shape[axis + 1 :])
-    m = where.expand(shape).reshape(n, c, d)
-    return m, m.stride(0), m.stride(1), m.stride(2)
+    lead = len(shape) - where.dim()
+    strides = [0] * lead + [
+        0 if size == 1 else step for size, step in zip(where.shape, where.stride(), strict=True)
+    ]
+    row = _flat_stride(shape[:axis], strides[:axis])
+    trailing = _flat_stride(shape[axis + 1 :], strides[axis + 1 :])
+    if row is None or trailing is None:
+        where = where.expand(shape).contiguous()
+        return _mask_rows(where, shape, axis)
+    return where, row, strides[axis], trailing
 
 
 def _dense_launch(
