@@ -16,6 +16,17 @@ size is written but the gradient), and the gradient is times dc/dz = 4 e / (1 + 
 e = exp(-2 |z / softcap|); with `z_loss` the loss adds z_loss lse^2, lse = c_top + log1p(s) from
 pass 1's numbers, and pass 2 adds 2 z_loss lse to every p_j's coefficient.
 
+`where` (``spec._softmax_inputs``): the boolean class mask is read through its own strides (a
+broadcast dim has stride 0: no expanded copy); a class outside it is a logit of -inf whatever
+its value, and a target outside it or a row with no class left gives 0 and no gradient, like an
+ignored target. Label smoothing (the cross entropy, gamma 0): the target mass
+a_j = w_j ((1 - eps) [j == y] + eps / K [j inside `where`]), K the classes inside it (C without),
+A = sum_j a_j from pass 1's sums of the weights; the loss
+-sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + eps / K sum_j w_j (c_top - c_j)
+(``spec._softmax_focal_terms`` with gamma 0; every term >= 0, 0 log 0 = 0), its last sum read in
+pass 2 (or a pass of its own when no gradient is asked), which writes A p_j - a_j, and at the top
+p_top sum_{j != top} a_j - (1 - p_top) a_top (no p - 1 there).
+
 Arithmetic in float32 for half inputs, float64 for float64. On CUDA ``exp``/``log``/``log1p`` are
 libdevice's (correctly rounded to within an ULP) rather than the fast approximations; under the
 interpreter NumPy's, with log1p from log by Kahan's formula.
@@ -36,35 +47,84 @@ from ._common import _EXACT, _acc, _dcap, _exp, _log, _log1p, _reduce_kernel, _s
 
 
 @triton.jit
+def _row_block(
+    z_ptr, m_ptr, base, mbase, j, inside, stride_c, stride_mc, softcap,
+    HAS_WHERE: tl.constexpr, CAP: tl.constexpr, ACC: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    """One block of a row: its raw logits z, the logits c the softmax sees (capped, -inf outside
+    `where`: a masked class leaves the row whatever its logit, NaN and +inf too) and the classes
+    inside `where` (the class mask read through its own strides)."""
+    z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-float("inf"))
+    z = z.to(ACC)
+    if HAS_WHERE:
+        valid = tl.load(m_ptr + mbase + j.to(tl.int64) * stride_mc, mask=inside, other=0) != 0
+        valid = valid & inside
+        z = tl.where(valid, z, -float("inf"))
+    else:
+        valid = inside
+    if CAP:
+        # soft-capping: the row is that of c = softcap tanh(z / softcap)
+        c = _softcap(z, softcap, EXACT)
+    else:
+        c = z
+    return z, c, valid
+
+
+@triton.jit
+def _smoothing_terms(w_j, c, z_top):
+    """sum_j w_j (c_top - c_j) over a block, 0 log 0 = 0: a class without mass (outside `where`,
+    or of weight 0) adds nothing, also at a logit of -inf."""
+    has_mass = w_j != 0.0
+    return tl.sum(tl.where(has_mass, w_j * (z_top - tl.where(has_mass, c, 0.0)), 0.0), 0)
+
+
+@triton.jit
 def _softmax_index_kernel(
-    z_ptr, y_ptr, w_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride, divisor_ptr,
-    C, D, stride_n, stride_c, stride_d,
-    gamma, ignore_index, tiny, eps, z_loss, softcap,
+    z_ptr, y_ptr, w_ptr, m_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride, divisor_ptr,
+    C, D, stride_n, stride_c, stride_d, stride_mn, stride_mc, stride_md,
+    gamma, ignore_index, tiny, eps, z_loss, softcap, smoothing,
     HAS_W: tl.constexpr, WEIGHTED_COUNT: tl.constexpr, COUNT: tl.constexpr,
     NEEDS_GRAD: tl.constexpr,
     FOCAL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DIVISOR: tl.constexpr,
     STORE_LOSS: tl.constexpr, Z_LOSS: tl.constexpr, CAP: tl.constexpr,
+    HAS_WHERE: tl.constexpr, SMOOTH: tl.constexpr,
     ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     n = row // D
     d = row - n * D
     base = n * stride_n + d * stride_d
+    mbase = n * stride_mn + d * stride_md
     cols = tl.arange(0, BLOCK)
     inf = float("inf")
+    y = tl.load(y_ptr + row)
+    keep = y != ignore_index
+    y = tl.where(keep, y, 0)
 
-    # pass 1: z_top, top (first on ties) and s = sum_{j != top} exp(z_j - z_top), online
+    # pass 1: z_top, top (first on ties) and s = sum_{j != top} exp(z_j - z_top), online; with
+    # `where` the classes left (K), with smoothing the class weights inside it (all, and all but y)
     z_top = tl.full((), -inf, ACC)
     top = tl.full((), 0, tl.int64)
     s = tl.full((), 0.0, ACC)
     has_nan = tl.full((), 0, tl.int32)
+    num_valid = tl.full((), 0, tl.int32)
+    w_valid = tl.full((), 0.0, ACC)
+    w_valid_not_y = tl.full((), 0.0, ACC)
     for start in range(0, C, BLOCK):
         j = start + cols
         inside = j < C
-        z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-inf).to(ACC)
-        if CAP:
-            # soft-capping: the row is that of c = softcap tanh(z / softcap)
-            z = _softcap(z, softcap, EXACT)
+        _, z, valid = _row_block(
+            z_ptr, m_ptr, base, mbase, j, inside, stride_c, stride_mc, softcap,
+            HAS_WHERE, CAP, ACC, EXACT,
+        )  # fmt: skip
+        num_valid += tl.sum(valid.to(tl.int32), 0)
+        if SMOOTH:
+            if HAS_W:
+                w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
+            else:
+                w_j = valid.to(ACC)
+            w_valid += tl.sum(w_j, 0)
+            w_valid_not_y += tl.sum(tl.where(j == y, 0.0, w_j), 0)
         has_nan = has_nan | tl.max((z != z).to(tl.int32), 0)
         block_top = tl.max(z, 0)
         # the first index of the block's largest logit
@@ -83,14 +143,14 @@ def _softmax_index_kernel(
     # a NaN or +inf logit (or a row of -inf) gives NaN, never a number
     log1p_s = _log1p(s, EXACT) + 0.0 * z_top
     log1p_s = tl.where(has_nan != 0, float("nan"), log1p_s)
-    y = tl.load(y_ptr + row)
-    keep = y != ignore_index
-    y = tl.where(keep, y, 0)
+    if HAS_WHERE:
+        # a target outside `where` (or a row with no class left) is left out like an ignored one
+        keep = keep & (tl.load(m_ptr + mbase + y * stride_mc) != 0)
     if HAS_W:
-        a_y = tl.load(w_ptr + y).to(ACC)
+        w_y = tl.load(w_ptr + y).to(ACC)
     else:
-        a_y = tl.full((), 1.0, ACC)
-    a_y = tl.where(keep, a_y, 0.0)
+        w_y = tl.full((), 1.0, ACC)
+    w_y = tl.where(keep, w_y, 0.0)
     z_y = tl.load(z_ptr + base + y * stride_c).to(ACC)
     if CAP:
         z_y = _softcap(z_y, softcap, EXACT)
@@ -99,7 +159,26 @@ def _softmax_index_kernel(
     p = _exp(log_p, EXACT)
     # 1 - p_top = s / (1 + s), never formed as 1 - p
     not_p = tl.where(is_top, s / (1.0 + s), 1.0 - p)
-    if FOCAL:
+    if SMOOTH:
+        # the target mass a_j = w_j ((1 - eps) [j == y] + eps / K [j inside `where`]): `hot` at
+        # y, eps_k w_j at every class left; A = sum_j a_j, and the others' share at y and top
+        eps_k = tl.where(keep, smoothing / tl.maximum(num_valid, 1).to(ACC), 0.0)
+        hot = (1.0 - smoothing) * w_y
+        a_y = hot + eps_k * w_y
+        mass = hot + eps_k * w_valid
+        if HAS_W:
+            w_top = tl.load(w_ptr + top).to(ACC)
+        else:
+            w_top = tl.full((), 1.0, ACC)
+        # sum_{j != top} a_j, summed apart where the top is the target (no cancellation)
+        rest_top = tl.where(
+            is_top, eps_k * w_valid_not_y, hot + eps_k * tl.maximum(w_valid - w_top, 0.0)
+        )
+        a_top = tl.where(is_top, a_y, eps_k * w_top)
+        weighted = a_y
+        v = a_y
+    elif FOCAL:
+        a_y = w_y
         # log(1 - p): log s - log1p(s) at a top with s < 1, log1p(-p) elsewhere
         is_normal = s >= tiny
         log_s = tl.where(is_normal, _log(tl.where(is_normal, s, 1.0), EXACT), -inf)
@@ -118,6 +197,7 @@ def _softmax_index_kernel(
         weighted = a_y * focal_weight
         v = weighted * (1.0 - gamma * phi)
     else:
+        a_y = w_y
         weighted = a_y
         v = a_y
     # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
@@ -125,19 +205,11 @@ def _softmax_index_kernel(
     if Z_LOSS:
         # z-loss: z_loss lse^2, logsumexp(c) = c_top + log1p(s)
         lse = z_top + log1p_s
-        loss = loss + z_loss * lse * lse
         z_coefficient = 2.0 * z_loss * lse
     else:
         z_coefficient = 0.0
-    # ignored elements give 0, whatever their logits
-    if STORE_LOSS:
-        tl.store(loss_ptr + row, tl.where(keep, loss, 0.0).to(loss_ptr.dtype.element_ty))
-    if COUNT:
-        # the mean's count, `count_at` entries on in the same buffer
-        if WEIGHTED_COUNT:
-            tl.store(loss_ptr + count_at + row, a_y)
-        else:
-            tl.store(loss_ptr + count_at + row, keep.to(ACC))
+    # smoothing: sum_j w_j (c_top - c_j) over the classes left, from pass 2's reading of the row
+    spread = tl.full((), 0.0, ACC)
 
     if NEEDS_GRAD:
         # pass 2: p_j v off the target, -(1 - p_y) v at it; an ignored row gets 0
@@ -147,32 +219,88 @@ def _softmax_index_kernel(
             if HAS_DIVISOR:
                 # the mean's backward: the incoming gradient over the forward's denominator
                 scale = scale / tl.load(divisor_ptr).to(ACC)
+        else:
+            scale = 1.0
+        if SMOOTH:
+            # A p_j - a_j (+ the z-loss's 2 z_loss lse p_j): p_j (A + z) / (1 + s) - a_j off the
+            # top; at it p_top (sum_{j != top} a_j + z) - (1 - p_top) a_top (no p - 1 there)
+            coefficient = (mass + z_coefficient) / (1.0 + s)
+            at_top = (rest_top + z_coefficient) / (1.0 + s) - s / (1.0 + s) * a_top
+            # NaN where the row's loss is NaN
+            at_top = tl.where(log1p_s != log1p_s, float("nan"), at_top)
+            v_over = tl.where(log1p_s != log1p_s, float("nan"), coefficient)
+        else:
             v = v * scale
             z_coefficient = z_coefficient * scale
-        at_y = -not_p * v
-        if Z_LOSS:
-            # the z-loss's 2 z_loss lse p_j in every p_j's coefficient
-            at_y = at_y + z_coefficient * p
-            v = v + z_coefficient
-        # p_j v = exp(z_j - z_top) v / (1 + s): one rounded difference in the exponent (its
-        # error grows with |z_j - z_top|), where exp(z_j - z_top - log1p(s)) would have two;
-        # NaN where the row's loss is NaN
-        v_over = tl.where(log1p_s != log1p_s, float("nan"), v / (1.0 + s))
+            at_y = -not_p * v
+            if Z_LOSS:
+                # the z-loss's 2 z_loss lse p_j in every p_j's coefficient
+                at_y = at_y + z_coefficient * p
+                v = v + z_coefficient
+            # p_j v = exp(z_j - z_top) v / (1 + s): one rounded difference in the exponent (its
+            # error grows with |z_j - z_top|), where exp(z_j - z_top - log1p(s)) would have two;
+            # NaN where the row's loss is NaN
+            v_over = tl.where(log1p_s != log1p_s, float("nan"), v / (1.0 + s))
         for start in range(0, C, BLOCK):
             j = start + cols
             inside = j < C
-            offsets = base + j.to(tl.int64) * stride_c
-            z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
-            if CAP:
-                c = _softcap(z, softcap, EXACT)
+            z, c, valid = _row_block(
+                z_ptr, m_ptr, base, mbase, j, inside, stride_c, stride_mc, softcap,
+                HAS_WHERE, CAP, ACC, EXACT,
+            )  # fmt: skip
+            if SMOOTH:
+                if HAS_W:
+                    w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
+                else:
+                    w_j = valid.to(ACC)
+                spread += _smoothing_terms(w_j, c, z_top)
+                grad = _exp(c - z_top, EXACT) * v_over - eps_k * w_j
+                grad = tl.where(j == y, grad - hot, grad)
+                grad = tl.where(j == top, at_top, grad) * scale
             else:
-                c = z
-            grad = tl.where(j == y, at_y, _exp(c - z_top, EXACT) * v_over)
+                grad = tl.where(j == y, at_y, _exp(c - z_top, EXACT) * v_over)
             if CAP:
                 # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
                 grad = grad * _dcap(z, softcap, EXACT)
-            grad = tl.where(keep, grad, 0.0)
-            tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+            # ignored elements and classes outside `where` get 0
+            grad = tl.where(keep & valid, grad, 0.0)
+            tl.store(
+                grad_ptr + base + j.to(tl.int64) * stride_c,
+                grad.to(grad_ptr.dtype.element_ty),
+                mask=inside,
+            )
+    elif SMOOTH:
+        # no gradient asked for: the smoothing's sum alone
+        for start in range(0, C, BLOCK):
+            j = start + cols
+            inside = j < C
+            _, c, valid = _row_block(
+                z_ptr, m_ptr, base, mbase, j, inside, stride_c, stride_mc, softcap,
+                HAS_WHERE, CAP, ACC, EXACT,
+            )  # fmt: skip
+            if HAS_W:
+                w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
+            else:
+                w_j = valid.to(ACC)
+            spread += _smoothing_terms(w_j, c, z_top)
+
+    if SMOOTH:
+        # -sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + eps_k sum_j w_j
+        # (c_top - c_j): every term >= 0; 0 log 0 = 0 where y has no mass of its own
+        hot_term = tl.where(hot == 0.0, 0.0, hot * (z_top - z_y))
+        loss = mass * log1p_s + hot_term + eps_k * spread
+    if Z_LOSS:
+        loss = loss + z_loss * lse * lse
+    # ignored elements give 0, whatever their logits
+    if STORE_LOSS:
+        tl.store(loss_ptr + row, tl.where(keep, loss, 0.0).to(loss_ptr.dtype.element_ty))
+    if COUNT:
+        # the mean's count, `count_at` entries on in the same buffer: torch's weighted mean
+        # divides by the kept targets' class weights (with smoothing too), else their number
+        if WEIGHTED_COUNT:
+            tl.store(loss_ptr + count_at + row, w_y)
+        else:
+            tl.store(loss_ptr + count_at + row, keep.to(ACC))
 
 
 @triton.jit
@@ -227,11 +355,15 @@ def softmax_index_fwd_(
     grad: Tensor | None,
     z_loss: float,
     softcap: float | None,
+    where: Tensor | None,
+    label_smoothing: float,
 ) -> None:
     """z contiguous logits with the class axis `axis`, y contiguous int64 targets (z's shape
     without it), w (C,) the class weight (compute dtype) or None; the results written into
     buffers the caller allocates (the loss and gradient in z's dtype, one rounding each).
-    `z_loss` (0: none) and `softcap` (None: none): the LLM head options (DESIGN 13).
+    `z_loss` (0: none) and `softcap` (None: none): the LLM head options (DESIGN 13). `where`:
+    the boolean class mask broadcastable to z (None: every class), read through its strides;
+    `label_smoothing` (cross entropy only, gamma 0): the eps of the smoothed target mass.
 
     `loss`: y's shape for the per-element loss; 0-dim for their sum, or with a 0-dim
     `denominator` (compute dtype) for their mean over the count (a_y with `weighted_count`,
@@ -240,7 +372,7 @@ def softmax_index_fwd_(
     if loss.dim() > 0:
         _launch(
             z, y, w, axis, gamma, ignore_index, weighted_count, loss, 0, grad,
-            z_loss=z_loss, softcap=softcap,
+            z_loss=z_loss, softcap=softcap, where=where, label_smoothing=label_smoothing,
         )  # fmt: skip
         return
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32
@@ -249,7 +381,7 @@ def softmax_index_fwd_(
     count_at = y.numel() if mean else 0
     _launch(
         z, y, w, axis, gamma, ignore_index, weighted_count, rows, count_at, grad,
-        z_loss=z_loss, softcap=softcap,
+        z_loss=z_loss, softcap=softcap, where=where, label_smoothing=label_smoothing,
     )  # fmt: skip
     _reduce_kernel[(1,)](
         rows, loss, denominator if mean else loss, y.numel(), torch.finfo(acc).tiny, 0.0,
@@ -259,33 +391,65 @@ def softmax_index_fwd_(
 
 def _launch(
     z, y, w, axis, gamma, ignore_index, weighted_count, loss, count_at, grad,
-    scale=None, divisor=None, z_loss=0.0, softcap=None,
+    scale=None, divisor=None, z_loss=0.0, softcap=None, where=None, label_smoothing=0.0,
 ):  # fmt: skip
     """The row kernel: per-element losses into `loss` (None: not stored), their counts into
     `loss` from `count_at` on (0: none), the gradient (times `scale` / `divisor` where given)
-    into `grad` (None: not computed); with the z-loss `z_loss` and the cap `softcap`."""
+    into `grad` (None: not computed); with the z-loss `z_loss`, the cap `softcap`, the class
+    mask `where` and the smoothing `label_smoothing` (gamma 0 only)."""
     rows, c, d, stride_n, stride_c, stride_d = _rows(z, axis)
     if rows == 0:
         return
+    mask, mask_strides = _mask_rows(where, z.shape, axis)
     block, warps = _block(c)
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32
     info = torch.finfo(acc)
     scale, scale_stride = _row_scale(scale)
     anything = z  # a pointer the kernel never reads (constexpr flags say so)
     _softmax_index_kernel[(rows,)](
-        z, y, w if w is not None else anything, loss if loss is not None else anything,
-        count_at, grad if grad is not None else anything,
+        z, y, w if w is not None else anything, mask if mask is not None else anything,
+        loss if loss is not None else anything, count_at, grad if grad is not None else anything,
         scale if scale is not None else anything, scale_stride,
         divisor if divisor is not None else anything,
-        c, d, stride_n, stride_c, stride_d,
+        c, d, stride_n, stride_c, stride_d, *mask_strides,
         float(gamma), int(ignore_index), info.tiny, info.eps,
-        float(z_loss), 1.0 if softcap is None else float(softcap),
+        float(z_loss), 1.0 if softcap is None else float(softcap), float(label_smoothing),
         HAS_W=w is not None, WEIGHTED_COUNT=weighted_count, COUNT=count_at > 0,
         NEEDS_GRAD=grad is not None, FOCAL=gamma != 0.0, HAS_SCALE=scale is not None,
         HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
         Z_LOSS=z_loss != 0.0, CAP=softcap is not None,
+        HAS_WHERE=mask is not None, SMOOTH=label_smoothing != 0.0,
         ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
     )  # fmt: skip
+
+
+def _merged_stride(sizes, strides):
+    """The one stride that walks the dims `sizes` (their `strides`) as a flat index, or None
+    where none does (a broadcast dim, stride 0, outside a dim of its own)."""
+    dims = [(size, stride) for size, stride in zip(sizes, strides, strict=True) if size != 1]
+    for (_, outer), (size, inner) in zip(dims, dims[1:], strict=False):
+        if outer != inner * size:
+            return None
+    return dims[-1][1] if dims else 0
+
+
+def _mask_rows(where, shape, axis):
+    """`where` (broadcastable to the logits `shape`) and its strides (n, c, d) around the class
+    axis, as ``_rows`` reads the logits: a broadcast dim has stride 0, so a class mask shared by
+    the rows is read in place. Where a broadcast cannot be walked with one stride per side (a
+    broadcast dim between two kept ones), the mask is made contiguous, once per call."""
+    if where is None:
+        return None, (0, 0, 0)
+    pad = len(shape) - where.dim()
+    strides = [0] * pad + [
+        0 if size == 1 else stride for size, stride in zip(where.shape, where.stride(), strict=True)
+    ]
+    stride_n = _merged_stride(shape[:axis], strides[:axis])
+    stride_d = _merged_stride(shape[axis + 1 :], strides[axis + 1 :])
+    if stride_n is None or stride_d is None:
+        where = where.expand(shape).contiguous()
+        return _mask_rows(where, shape, axis)
+    return where, (stride_n, strides[axis], stride_d)
 
 
 def linear_block_(z, y, w, gamma, ignore_index, loss, scale):
@@ -310,7 +474,10 @@ def _row_scale(scale):
 
 
 @softmax_index_fwd_.register_fake
-def _(z, y, w, axis, gamma, ignore_index, weighted_count, loss, denominator, grad, z_loss, softcap):
+def _(
+    z, y, w, axis, gamma, ignore_index, weighted_count, loss, denominator, grad, z_loss, softcap,
+    where, label_smoothing,
+):  # fmt: skip
     return None
 
 
@@ -318,6 +485,7 @@ def _(z, y, w, axis, gamma, ignore_index, weighted_count, loss, denominator, gra
 def softmax_index_bwd(
     z: Tensor, y: Tensor, w: Tensor | None, axis: int, gamma: float, ignore_index: int,
     scale: Tensor, divisor: Tensor | None, z_loss: float, softcap: float | None,
+    where: Tensor | None, label_smoothing: float,
 ) -> Tensor:  # fmt: skip
     """The gradient of ``softmax_index_fwd_``'s per-element loss times `scale` (one number or
     y's shape) over `divisor` (the mean's denominator, or None), recomputed from the logits in
@@ -325,13 +493,14 @@ def softmax_index_bwd(
     forward in the logits' dtype and then scaled would be rounded twice)."""
     grad = torch.empty_like(z)
     _launch(
-        z, y, w, axis, gamma, ignore_index, False, None, 0, grad, scale, divisor, z_loss, softcap
-    )
+        z, y, w, axis, gamma, ignore_index, False, None, 0, grad, scale, divisor, z_loss, softcap,
+        where, label_smoothing,
+    )  # fmt: skip
     return grad
 
 
 @softmax_index_bwd.register_fake
-def _(z, y, w, axis, gamma, ignore_index, scale, divisor, z_loss, softcap):
+def _(z, y, w, axis, gamma, ignore_index, scale, divisor, z_loss, softcap, where, label_smoothing):
     return torch.empty_like(z)
 
 
