@@ -47,38 +47,6 @@ from ._common import _EXACT, _acc, _dcap, _exp, _log, _log1p, _reduce_kernel, _s
 
 
 @triton.jit
-def _row_block(
-    z_ptr, m_ptr, base, mbase, j, inside, stride_c, stride_mc, softcap,
-    HAS_WHERE: tl.constexpr, CAP: tl.constexpr, ACC: tl.constexpr, EXACT: tl.constexpr,
-):  # fmt: skip
-    """One block of a row: its raw logits z, the logits c the softmax sees (capped, -inf outside
-    `where`: a masked class leaves the row whatever its logit, NaN and +inf too) and the classes
-    inside `where` (the class mask read through its own strides)."""
-    z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-float("inf"))
-    z = z.to(ACC)
-    if HAS_WHERE:
-        valid = tl.load(m_ptr + mbase + j.to(tl.int64) * stride_mc, mask=inside, other=0) != 0
-        valid = valid & inside
-        z = tl.where(valid, z, -float("inf"))
-    else:
-        valid = inside
-    if CAP:
-        # soft-capping: the row is that of c = softcap tanh(z / softcap)
-        c = _softcap(z, softcap, EXACT)
-    else:
-        c = z
-    return z, c, valid
-
-
-@triton.jit
-def _smoothing_terms(w_j, c, z_top):
-    """sum_j w_j (c_top - c_j) over a block, 0 log 0 = 0: a class without mass (outside `where`,
-    or of weight 0) adds nothing, also at a logit of -inf."""
-    has_mass = w_j != 0.0
-    return tl.sum(tl.where(has_mass, w_j * (z_top - tl.where(has_mass, c, 0.0)), 0.0), 0)
-
-
-@triton.jit
 def _softmax_index_kernel(
     z_ptr, y_ptr, w_ptr, m_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride, divisor_ptr,
     C, D, stride_n, stride_c, stride_d, stride_mn, stride_mc, stride_md,
@@ -87,7 +55,7 @@ def _softmax_index_kernel(
     NEEDS_GRAD: tl.constexpr,
     FOCAL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DIVISOR: tl.constexpr,
     STORE_LOSS: tl.constexpr, Z_LOSS: tl.constexpr, CAP: tl.constexpr,
-    HAS_WHERE: tl.constexpr, SMOOTH: tl.constexpr,
+    HAS_WHERE: tl.constexpr, SMOOTH: tl.constexpr, SECOND_PASS: tl.constexpr,
     ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
@@ -113,12 +81,20 @@ def _softmax_index_kernel(
     for start in range(0, C, BLOCK):
         j = start + cols
         inside = j < C
-        _, z, valid = _row_block(
-            z_ptr, m_ptr, base, mbase, j, inside, stride_c, stride_mc, softcap,
-            HAS_WHERE, CAP, ACC, EXACT,
-        )  # fmt: skip
-        num_valid += tl.sum(valid.to(tl.int32), 0)
+        z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-inf).to(ACC)
+        if HAS_WHERE:
+            # the class mask through its own strides: a class outside it leaves the row (a
+            # logit of -inf), whatever its value, NaN and +inf too
+            at = mbase + j.to(tl.int64) * stride_mc
+            valid = inside & (tl.load(m_ptr + at, mask=inside, other=0) != 0)
+            z = tl.where(valid, z, -inf)
+        else:
+            valid = inside
+        if CAP:
+            # soft-capping: the row is that of c = softcap tanh(z / softcap)
+            z = _softcap(z, softcap, EXACT)
         if SMOOTH:
+            num_valid += tl.sum(valid.to(tl.int32), 0)
             if HAS_W:
                 w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
             else:
@@ -208,8 +184,6 @@ def _softmax_index_kernel(
         z_coefficient = 2.0 * z_loss * lse
     else:
         z_coefficient = 0.0
-    # smoothing: sum_j w_j (c_top - c_j) over the classes left, from pass 2's reading of the row
-    spread = tl.full((), 0.0, ACC)
 
     if NEEDS_GRAD:
         # pass 2: p_j v off the target, -(1 - p_y) v at it; an ignored row gets 0
@@ -223,12 +197,12 @@ def _softmax_index_kernel(
             scale = 1.0
         if SMOOTH:
             # A p_j - a_j (+ the z-loss's 2 z_loss lse p_j): p_j (A + z) / (1 + s) - a_j off the
-            # top; at it p_top (sum_{j != top} a_j + z) - (1 - p_top) a_top (no p - 1 there)
-            coefficient = (mass + z_coefficient) / (1.0 + s)
-            at_top = (rest_top + z_coefficient) / (1.0 + s) - s / (1.0 + s) * a_top
+            # top; at it p_top (sum_{j != top} a_j + z) - (1 - p_top) a_top (no p - 1 there);
             # NaN where the row's loss is NaN
-            at_top = tl.where(log1p_s != log1p_s, float("nan"), at_top)
-            v_over = tl.where(log1p_s != log1p_s, float("nan"), coefficient)
+            is_nan = log1p_s != log1p_s
+            at_top = (rest_top + z_coefficient) / (1.0 + s) - s / (1.0 + s) * a_top
+            at_top = tl.where(is_nan, float("nan"), at_top)
+            v_over = tl.where(is_nan, float("nan"), (mass + z_coefficient) / (1.0 + s))
         else:
             v = v * scale
             z_coefficient = z_coefficient * scale
@@ -241,48 +215,47 @@ def _softmax_index_kernel(
             # error grows with |z_j - z_top|), where exp(z_j - z_top - log1p(s)) would have two;
             # NaN where the row's loss is NaN
             v_over = tl.where(log1p_s != log1p_s, float("nan"), v / (1.0 + s))
+    # smoothing: sum_j w_j (c_top - c_j) over the classes with mass, read with the gradient's
+    # pass (or in a pass of its own when no gradient is asked for)
+    spread = tl.full((), 0.0, ACC)
+    if SECOND_PASS:
         for start in range(0, C, BLOCK):
             j = start + cols
             inside = j < C
-            z, c, valid = _row_block(
-                z_ptr, m_ptr, base, mbase, j, inside, stride_c, stride_mc, softcap,
-                HAS_WHERE, CAP, ACC, EXACT,
-            )  # fmt: skip
+            offsets = base + j.to(tl.int64) * stride_c
+            z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
+            if HAS_WHERE:
+                at = mbase + j.to(tl.int64) * stride_mc
+                valid = inside & (tl.load(m_ptr + at, mask=inside, other=0) != 0)
+                z = tl.where(valid, z, -inf)
+            else:
+                valid = inside
+            if CAP:
+                c = _softcap(z, softcap, EXACT)
+            else:
+                c = z
             if SMOOTH:
                 if HAS_W:
                     w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
                 else:
                     w_j = valid.to(ACC)
-                spread += _smoothing_terms(w_j, c, z_top)
-                grad = _exp(c - z_top, EXACT) * v_over - eps_k * w_j
-                grad = tl.where(j == y, grad - hot, grad)
-                grad = tl.where(j == top, at_top, grad) * scale
-            else:
-                grad = tl.where(j == y, at_y, _exp(c - z_top, EXACT) * v_over)
-            if CAP:
-                # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
-                grad = grad * _dcap(z, softcap, EXACT)
-            # ignored elements and classes outside `where` get 0
-            grad = tl.where(keep & valid, grad, 0.0)
-            tl.store(
-                grad_ptr + base + j.to(tl.int64) * stride_c,
-                grad.to(grad_ptr.dtype.element_ty),
-                mask=inside,
-            )
-    elif SMOOTH:
-        # no gradient asked for: the smoothing's sum alone
-        for start in range(0, C, BLOCK):
-            j = start + cols
-            inside = j < C
-            _, c, valid = _row_block(
-                z_ptr, m_ptr, base, mbase, j, inside, stride_c, stride_mc, softcap,
-                HAS_WHERE, CAP, ACC, EXACT,
-            )  # fmt: skip
-            if HAS_W:
-                w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
-            else:
-                w_j = valid.to(ACC)
-            spread += _smoothing_terms(w_j, c, z_top)
+                # 0 log 0 = 0: a class without mass adds nothing, also at a logit of -inf
+                has_mass = w_j != 0.0
+                shifted = z_top - tl.where(has_mass, c, 0.0)
+                spread += tl.sum(tl.where(has_mass, w_j * shifted, 0.0), 0)
+            if NEEDS_GRAD:
+                if SMOOTH:
+                    grad = _exp(c - z_top, EXACT) * v_over - eps_k * w_j
+                    grad = tl.where(j == y, grad - hot, grad)
+                    grad = tl.where(j == top, at_top, grad) * scale
+                else:
+                    grad = tl.where(j == y, at_y, _exp(c - z_top, EXACT) * v_over)
+                if CAP:
+                    # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+                    grad = grad * _dcap(z, softcap, EXACT)
+                # ignored elements and classes outside `where` get 0
+                grad = tl.where(keep & valid, grad, 0.0)
+                tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
     if SMOOTH:
         # -sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + eps_k sum_j w_j
@@ -419,6 +392,7 @@ def _launch(
         HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
         Z_LOSS=z_loss != 0.0, CAP=softcap is not None,
         HAS_WHERE=mask is not None, SMOOTH=label_smoothing != 0.0,
+        SECOND_PASS=grad is not None or label_smoothing != 0.0,
         ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
     )  # fmt: skip
 
