@@ -226,6 +226,13 @@ def test_where_and_label_smoothing_on_the_kernel_meet_the_strict_standard(dtype,
         mask = {"class": class_mask, "element": per_element}.get(spatial)
         options = options if mask is None else dict(options, where=mask)
         _judge_on_the_kernel(launches, name, sx, st, options, "mean", dtype)
+    # a confident row at a margin of half the dtype's largest number: the smoothing's terms
+    # (each finite, their sum over the classes beyond the largest number) times their mass
+    # before the sum
+    margin = 0.5 * torch.finfo(getattr(torch, dtype)).max
+    far = torch.tensor([[0.0, -margin, -margin, -margin, -margin]], dtype=getattr(torch, dtype))
+    smoothing = {"label_smoothing": 0.1}
+    _judge_on_the_kernel(launches, "softmax_cross_entropy", far, t[:1], smoothing, "none", dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])

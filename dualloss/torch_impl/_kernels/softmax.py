@@ -215,8 +215,10 @@ def _softmax_index_kernel(
             # error grows with |z_j - z_top|), where exp(z_j - z_top - log1p(s)) would have two;
             # NaN where the row's loss is NaN
             v_over = tl.where(log1p_s != log1p_s, float("nan"), v / (1.0 + s))
-    # smoothing: sum_j w_j (c_top - c_j) over the classes with mass, read with the gradient's
-    # pass (or in a pass of its own when no gradient is asked for)
+    # smoothing: sum_j eps_k w_j (c_top - c_j) over the classes with mass, read with the
+    # gradient's pass (or in a pass of its own when no gradient is asked for); each term times
+    # its mass before the sum, which (like the loss) stays finite where sum_j w_j (c_top - c_j)
+    # would not (a margin near the dtype's largest number)
     spread = tl.full((), 0.0, ACC)
     if SECOND_PASS:
         for start in range(0, C, BLOCK):
@@ -239,13 +241,14 @@ def _softmax_index_kernel(
                     w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
                 else:
                     w_j = valid.to(ACC)
+                m_j = eps_k * w_j
                 # 0 log 0 = 0: a class without mass adds nothing, also at a logit of -inf
-                has_mass = w_j != 0.0
+                has_mass = m_j != 0.0
                 shifted = z_top - tl.where(has_mass, c, 0.0)
-                spread += tl.sum(tl.where(has_mass, w_j * shifted, 0.0), 0)
+                spread += tl.sum(tl.where(has_mass, m_j * shifted, 0.0), 0)
             if NEEDS_GRAD:
                 if SMOOTH:
-                    grad = _exp(c - z_top, EXACT) * v_over - eps_k * w_j
+                    grad = _exp(c - z_top, EXACT) * v_over - m_j
                     grad = tl.where(j == y, grad - hot, grad)
                     grad = tl.where(j == top, at_top, grad) * scale
                 else:
@@ -258,10 +261,10 @@ def _softmax_index_kernel(
                 tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
     if SMOOTH:
-        # -sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + eps_k sum_j w_j
+        # -sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + sum_j eps_k w_j
         # (c_top - c_j): every term >= 0; 0 log 0 = 0 where y has no mass of its own
         hot_term = tl.where(hot == 0.0, 0.0, hot * (z_top - z_y))
-        loss = mass * log1p_s + hot_term + eps_k * spread
+        loss = mass * log1p_s + hot_term + spread
     if Z_LOSS:
         loss = loss + z_loss * lse * lse
     # ignored elements give 0, whatever their logits
