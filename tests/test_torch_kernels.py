@@ -363,13 +363,25 @@ def test_torch_compile_fullgraph_over_the_custom_ops():
     torch.testing.assert_close(grad, expected_grad)
 
 
-def test_second_order_gradients_through_the_kernel_path():
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("softmax_focal_loss", {"gamma": 2.0}),
+        # create_graph: the eager closed form of the saved logits with the mask and smoothing
+        (
+            "softmax_cross_entropy",
+            {"where": torch.tensor([True] * 4 + [False] * 2), "label_smoothing": 0.1},
+        ),  # fmt: skip
+    ],
+    ids=["focal", "where-smoothing"],
+)
+def test_second_order_gradients_through_the_kernel_path(name, options):
     x = torch.randn(4, 6, dtype=torch.float64, requires_grad=True)
     t = torch.tensor([0, 5, 2, 2])
     results = []
     for mode in ("eager", "triton"):
         with torch_impl.kernels(mode):
-            loss = torch_impl.softmax_focal_loss(x, t, gamma=2.0)
+            loss = SOFTMAX[name](x, t, **options)
         (grad,) = torch.autograd.grad(loss, x, create_graph=True)
         (hvp,) = torch.autograd.grad(grad.square().sum(), x)
         results.append((grad, hvp))
@@ -382,10 +394,14 @@ def test_no_input_is_written(dtype):
     x = torch.randn(5, 4, 3, dtype=dtype, requires_grad=True)
     t = torch.randint(0, 4, (5, 3))
     weight = torch.rand(4)
-    before = (x.detach().clone(), t.clone(), weight.clone())
+    where = (torch.arange(4) != 2).reshape(4, 1)  # read in place, broadcast over the last dim
+    before = (x.detach().clone(), t.clone(), weight.clone(), where.clone())
     with torch_impl.kernels("triton"):
         torch_impl.softmax_cross_entropy(x, t, weight=weight).backward()
-    for after, saved in zip((x.detach(), t, weight), before, strict=True):
+        torch_impl.softmax_cross_entropy(
+            x, t, weight=weight, where=where, label_smoothing=0.1
+        ).backward()
+    for after, saved in zip((x.detach(), t, weight, where), before, strict=True):
         assert torch.equal(after, saved)
 
 
