@@ -636,8 +636,7 @@ def _at_target(logits, class_weight, label_smoothing, is_index):
 
 
 # ----------------------------------------------------------------------------------------------
-# Triton kernels (DESIGN 11): class-index targets (with `where`; label smoothing for the cross
-# entropy, gamma 0), on CUDA
+# Triton kernels (DESIGN 11): class-index targets (with `where` and label smoothing), on CUDA
 # ----------------------------------------------------------------------------------------------
 
 _TRITON = None  # kernels.softmax, imported on first use
@@ -696,13 +695,11 @@ class _SoftmaxTriton(torch.autograd.Function):
         return (grad,) + (None,) * 12
 
 
-def _softmax_takes_triton(logits, class_weight, gamma, label_smoothing, is_index):
+def _softmax_takes_triton(logits, class_weight, is_index):
     """Whether the Triton kernel computes this call (``torch_impl.kernels`` decides where):
-    class-index targets, with or without `where`; label smoothing for gamma 0 only (the focal
-    loss with smoothing has a focal term at every class: the eager dense closed form)."""
+    class-index targets, with or without `where` and label smoothing."""
     return (
         is_index
-        and (label_smoothing == 0.0 or gamma == 0.0)
         and (class_weight is None or not class_weight.requires_grad)
         and not _in_transform()
         and _kernels.use_triton(logits)
@@ -1343,8 +1340,7 @@ def _softmax(
     # with a normalizer the kernel sums and the division follows: one rounding of the quotient
     # needs the sum in at least the working precision, so half precision takes the eager path
     exact_sum = normalizer is None or logits.dtype in (torch.float32, torch.float64)
-    takes_triton = _softmax_takes_triton(logits, class_weight, gamma, label_smoothing, is_index)
-    if exact_sum and takes_triton:
+    if exact_sum and _softmax_takes_triton(logits, class_weight, is_index):
         # the kernel's op reduces: torch's weighted mean for the weighted cross entropy, the
         # kept elements otherwise (0 kept: a mean of 0)
         weighted = not is_focal and class_weight is not None

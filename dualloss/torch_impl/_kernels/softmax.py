@@ -19,13 +19,17 @@ pass 1's numbers, and pass 2 adds 2 z_loss lse to every p_j's coefficient.
 `where` (``spec._softmax_inputs``): the boolean class mask is read through its own strides (a
 broadcast dim has stride 0: no expanded copy); a class outside it is a logit of -inf whatever
 its value, and a target outside it or a row with no class left gives 0 and no gradient, like an
-ignored target. Label smoothing (the cross entropy, gamma 0): the target mass
+ignored target. Label smoothing, the cross entropy (gamma 0): the target mass
 a_j = w_j ((1 - eps) [j == y] + eps / K [j inside `where`]), K the classes inside it (C without),
 A = sum_j a_j from pass 1's sums of the weights; the loss
 -sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + eps / K sum_j w_j (c_top - c_j)
 (``spec._softmax_focal_terms`` with gamma 0; every term >= 0, 0 log 0 = 0), its last sum read in
 pass 2 (or a pass of its own when no gradient is asked), which writes A p_j - a_j, and at the top
-p_top sum_{j != top} a_j - (1 - p_top) a_top (no p - 1 there).
+p_top sum_{j != top} a_j - (1 - p_top) a_top (no p - 1 there). The focal loss with smoothing
+(gamma > 0) has a focal term at every class (``spec._softmax_focal_terms`` with the dense mass a):
+pass 2 sums the loss, S = sum_j v_j and the sum of the others of the largest v
+(``spec._sum_except_self``, online as pass 1's top), pass 3 writes p_j (S - v_j) - (1 - p_j) v_j;
+still one launch.
 
 Arithmetic in float32 for half inputs, float64 for float64. On CUDA ``exp``/``log``/``log1p`` are
 libdevice's (correctly rounded to within an ULP) rather than the fast approximations; under the
@@ -47,6 +51,32 @@ from ._common import _EXACT, _acc, _dcap, _exp, _log, _log1p, _reduce_kernel, _s
 
 
 @triton.jit
+def _focal_terms(c, is_top, z_top, s, log_s, log1p_s, a, gamma, eps, EXACT: tl.constexpr):
+    """The focal terms of a block of classes with target mass `a` (``spec._softmax_focal_terms``):
+    log p, (1 - p)^gamma and v = a (1 - p)^gamma (1 - gamma phi(p)), from the row's c_top, s,
+    log s and log1p(s) (``spec._log_softmax``, ``spec._focal_phi``)."""
+    log_p = (c - z_top) - log1p_s
+    p = _exp(c - z_top, EXACT) / (1.0 + s)
+    not_p = tl.where(is_top, s / (1.0 + s), 1.0 - p)
+    # log(1 - p): log s - log1p(s) at a top with s < 1, log1p(-p) elsewhere
+    # s as a block: the interpreter cannot `&` a block of booleans with a scalar one
+    s_block = tl.zeros_like(c) + s
+    from_s = is_top & (s_block < 1.0)
+    log_not_p = tl.where(from_s, log_s - log1p_s, _log1p(-tl.where(from_s, 0.0, p), EXACT))
+    # (1 - p)^gamma = exp(gamma log(1 - p))
+    focal_weight = _exp(gamma * log_not_p, EXACT)
+    # phi(p) = p log p / (1 - p): -log1p(s) / s at the top (-1 + s / 2 below s = eps)
+    is_big = s_block > eps
+    phi_top = tl.where(is_big, -log1p_s / tl.where(is_big, s_block, 1.0), s_block / 2.0 - 1.0)
+    has_p = (p > 0.0) & (is_top == 0)
+    safe_log_p = tl.where(has_p, log_p, 0.0)
+    phi_rest = tl.where(has_p, p * safe_log_p / tl.where(has_p, not_p, 1.0), 0.0)
+    phi = tl.where(is_top, phi_top, phi_rest)
+    v = a * focal_weight * (1.0 - gamma * phi)
+    return log_p, p, not_p, focal_weight, v
+
+
+@triton.jit
 def _softmax_index_kernel(
     z_ptr, y_ptr, w_ptr, m_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride, divisor_ptr,
     C, D, stride_n, stride_c, stride_d, stride_mn, stride_mc, stride_md,
@@ -55,7 +85,8 @@ def _softmax_index_kernel(
     NEEDS_GRAD: tl.constexpr,
     FOCAL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DIVISOR: tl.constexpr,
     STORE_LOSS: tl.constexpr, Z_LOSS: tl.constexpr, CAP: tl.constexpr,
-    HAS_WHERE: tl.constexpr, SMOOTH: tl.constexpr, SECOND_PASS: tl.constexpr,
+    HAS_WHERE: tl.constexpr, SMOOTHED: tl.constexpr, SMOOTH: tl.constexpr, DENSE: tl.constexpr,
+    SECOND_PASS: tl.constexpr,
     ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
@@ -93,7 +124,7 @@ def _softmax_index_kernel(
         if CAP:
             # soft-capping: the row is that of c = softcap tanh(z / softcap)
             z = _softcap(z, softcap, EXACT)
-        if SMOOTH:
+        if SMOOTHED:
             num_valid += tl.sum(valid.to(tl.int32), 0)
             if HAS_W:
                 w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
@@ -260,6 +291,97 @@ def _softmax_index_kernel(
                 grad = tl.where(keep & valid, grad, 0.0)
                 tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
+    if DENSE:
+        # the focal loss with smoothing: a focal term at every class, a_j = w_j ((1 - eps)
+        # [j == y] + eps / K [j inside `where`]); pass 2 sums the loss, S = sum_j v_j and the
+        # others' sum of the largest v (``spec._sum_except_self``), pass 3 writes the gradient
+        # p_j (S - v_j) - (1 - p_j) v_j
+        eps_k = tl.where(keep, smoothing / tl.maximum(num_valid, 1).to(ACC), 0.0)
+        hot = (1.0 - smoothing) * w_y
+        is_normal = s >= tiny
+        log_s = tl.where(is_normal, _log(tl.where(is_normal, s, 1.0), EXACT), -inf)
+        total = tl.full((), 0.0, ACC)
+        big_v = tl.full((), -1.0, ACC)
+        big = tl.full((), 0, tl.int64)
+        rest_of_big = tl.full((), 0.0, ACC)
+        loss = tl.full((), 0.0, ACC)
+        for start in range(0, C, BLOCK):
+            j = start + cols
+            inside = j < C
+            z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-inf)
+            z = z.to(ACC)
+            if HAS_WHERE:
+                at = mbase + j.to(tl.int64) * stride_mc
+                valid = inside & (tl.load(m_ptr + at, mask=inside, other=0) != 0)
+                z = tl.where(valid, z, -inf)
+            else:
+                valid = inside
+            if CAP:
+                z = _softcap(z, softcap, EXACT)
+            if HAS_W:
+                w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
+            else:
+                w_j = valid.to(ACC)
+            a_j = tl.where(j == y, hot, 0.0) + eps_k * w_j
+            log_p_j, _, _, focal_weight_j, v_j = _focal_terms(
+                z, j == top, z_top, s, log_s, log1p_s, a_j, gamma, eps, EXACT
+            )
+            # 0 log 0 = 0: a class with no target mass contributes nothing, also at -inf
+            loss += tl.sum(tl.where(a_j == 0.0, 0.0, -(a_j * focal_weight_j * log_p_j)), 0)
+            total += tl.sum(v_j, 0)
+            # the largest v (the first on ties) and the sum of the others, online (v >= 0)
+            block_big = tl.max(v_j, 0)
+            block_at = tl.min(tl.where(v_j == block_big, j, C), 0)
+            block_rest = tl.sum(tl.where(j == block_at, 0.0, v_j), 0)
+            new_big = block_big > big_v
+            rest_of_big += tl.where(new_big, tl.maximum(big_v, 0.0) + block_rest, tl.sum(v_j, 0))
+            big = tl.where(new_big, block_at.to(tl.int64), big)
+            big_v = tl.where(new_big, block_big, big_v)
+        # NaN where a NaN or +inf logit made the row NaN (0 log 0 kept it out of the sum)
+        loss = loss + 0.0 * log1p_s
+        if NEEDS_GRAD:
+            if HAS_SCALE:
+                scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
+                if HAS_DIVISOR:
+                    scale = scale / tl.load(divisor_ptr).to(ACC)
+            else:
+                scale = 1.0
+            if Z_LOSS:
+                # the z-loss's 2 z_loss lse p_j
+                dense_z = 2.0 * z_loss * (z_top + log1p_s)
+            else:
+                dense_z = 0.0
+            for start in range(0, C, BLOCK):
+                j = start + cols
+                inside = j < C
+                offsets = base + j.to(tl.int64) * stride_c
+                z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
+                if HAS_WHERE:
+                    at = mbase + j.to(tl.int64) * stride_mc
+                    valid = inside & (tl.load(m_ptr + at, mask=inside, other=0) != 0)
+                    z = tl.where(valid, z, -inf)
+                else:
+                    valid = inside
+                if CAP:
+                    c = _softcap(z, softcap, EXACT)
+                else:
+                    c = z
+                if HAS_W:
+                    w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
+                else:
+                    w_j = valid.to(ACC)
+                a_j = tl.where(j == y, hot, 0.0) + eps_k * w_j
+                _, p_j, not_p_j, _, v_j = _focal_terms(
+                    c, j == top, z_top, s, log_s, log1p_s, a_j, gamma, eps, EXACT
+                )
+                # S - v_j, summed apart for the largest v (the only one that can be most of S)
+                others = tl.where(j == big, rest_of_big, total - v_j)
+                grad = p_j * (others + dense_z) - not_p_j * v_j
+                grad = tl.where(log1p_s != log1p_s, float("nan"), grad) * scale
+                if CAP:
+                    grad = grad * _dcap(z, softcap, EXACT)
+                grad = tl.where(keep & valid, grad, 0.0)
+                tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
     if SMOOTH:
         # -sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + sum_j eps_k w_j
         # (c_top - c_j): every term >= 0; 0 log 0 = 0 where y has no mass of its own
@@ -377,6 +499,10 @@ def _launch(
     if rows == 0:
         return
     mask, mask_strides = _mask_rows(where, z.shape, axis)
+    # label smoothing: the cross entropy's closed form (gamma 0) in the usual two passes; the
+    # focal loss (gamma > 0) a focal term at every class, in two passes after the first (dense)
+    smoothed, focal = label_smoothing != 0.0, gamma != 0.0
+    dense = smoothed and focal
     block, warps = _block(c)
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32
     info = torch.finfo(acc)
@@ -391,11 +517,11 @@ def _launch(
         float(gamma), int(ignore_index), info.tiny, info.eps,
         float(z_loss), 1.0 if softcap is None else float(softcap), float(label_smoothing),
         HAS_W=w is not None, WEIGHTED_COUNT=weighted_count, COUNT=count_at > 0,
-        NEEDS_GRAD=grad is not None, FOCAL=gamma != 0.0, HAS_SCALE=scale is not None,
+        NEEDS_GRAD=grad is not None, FOCAL=focal, HAS_SCALE=scale is not None,
         HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
         Z_LOSS=z_loss != 0.0, CAP=softcap is not None,
-        HAS_WHERE=mask is not None, SMOOTH=label_smoothing != 0.0,
-        SECOND_PASS=grad is not None or label_smoothing != 0.0,
+        HAS_WHERE=mask is not None, SMOOTHED=smoothed, SMOOTH=smoothed and not focal,
+        DENSE=smoothed and focal, SECOND_PASS=(grad is not None or smoothed) and not dense,
         ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
     )  # fmt: skip
 
