@@ -93,7 +93,8 @@ def _softmax_index_kernel(
     n = row // D
     d = row - n * D
     base = n * stride_n + d * stride_d
-    mbase = n * stride_mn + d * stride_md
+    if HAS_WHERE:
+        mbase = n * stride_mn + d * stride_md
     cols = tl.arange(0, BLOCK)
     inf = float("inf")
     y = tl.load(y_ptr + row)
@@ -106,9 +107,10 @@ def _softmax_index_kernel(
     top = tl.full((), 0, tl.int64)
     s = tl.full((), 0.0, ACC)
     has_nan = tl.full((), 0, tl.int32)
-    num_valid = tl.full((), 0, tl.int32)
-    w_valid = tl.full((), 0.0, ACC)
-    w_valid_not_y = tl.full((), 0.0, ACC)
+    if SMOOTHED:
+        num_valid = tl.full((), 0, tl.int32)
+        w_valid = tl.full((), 0.0, ACC)
+        w_valid_not_y = tl.full((), 0.0, ACC)
     for start in range(0, C, BLOCK):
         j = start + cols
         inside = j < C
@@ -224,8 +226,6 @@ def _softmax_index_kernel(
             if HAS_DIVISOR:
                 # the mean's backward: the incoming gradient over the forward's denominator
                 scale = scale / tl.load(divisor_ptr).to(ACC)
-        else:
-            scale = 1.0
         if SMOOTH:
             # A p_j - a_j (+ the z-loss's 2 z_loss lse p_j): p_j (A + z) / (1 + s) - a_j off the
             # top; at it p_top (sum_{j != top} a_j + z) - (1 - p_top) a_top (no p - 1 there);
@@ -235,8 +235,9 @@ def _softmax_index_kernel(
             at_top = tl.where(is_nan, float("nan"), at_top)
             v_over = tl.where(is_nan, float("nan"), (mass + z_coefficient) / (1.0 + s))
         else:
-            v = v * scale
-            z_coefficient = z_coefficient * scale
+            if HAS_SCALE:
+                v = v * scale
+                z_coefficient = z_coefficient * scale
             at_y = -not_p * v
             if Z_LOSS:
                 # the z-loss's 2 z_loss lse p_j in every p_j's coefficient
@@ -250,7 +251,8 @@ def _softmax_index_kernel(
     # gradient's pass (or in a pass of its own when no gradient is asked for); each term times
     # its mass before the sum, which (like the loss) stays finite where sum_j w_j (c_top - c_j)
     # would not (a margin near the dtype's largest number)
-    spread = tl.full((), 0.0, ACC)
+    if SMOOTH:
+        spread = tl.full((), 0.0, ACC)
     if SECOND_PASS:
         for start in range(0, C, BLOCK):
             j = start + cols
@@ -281,14 +283,19 @@ def _softmax_index_kernel(
                 if SMOOTH:
                     grad = _exp(c - z_top, EXACT) * v_over - m_j
                     grad = tl.where(j == y, grad - hot, grad)
-                    grad = tl.where(j == top, at_top, grad) * scale
+                    grad = tl.where(j == top, at_top, grad)
+                    if HAS_SCALE:
+                        grad = grad * scale
                 else:
                     grad = tl.where(j == y, at_y, _exp(c - z_top, EXACT) * v_over)
                 if CAP:
                     # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
                     grad = grad * _dcap(z, softcap, EXACT)
                 # ignored elements and classes outside `where` get 0
-                grad = tl.where(keep & valid, grad, 0.0)
+                if HAS_WHERE:
+                    grad = tl.where(keep & valid, grad, 0.0)
+                else:
+                    grad = tl.where(keep, grad, 0.0)
                 tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
     if DENSE:
@@ -344,8 +351,6 @@ def _softmax_index_kernel(
                 scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
                 if HAS_DIVISOR:
                     scale = scale / tl.load(divisor_ptr).to(ACC)
-            else:
-                scale = 1.0
             if Z_LOSS:
                 # the z-loss's 2 z_loss lse p_j
                 dense_z = 2.0 * z_loss * (z_top + log1p_s)
@@ -377,7 +382,9 @@ def _softmax_index_kernel(
                 # S - v_j, summed apart for the largest v (the only one that can be most of S)
                 others = tl.where(j == big, rest_of_big, total - v_j)
                 grad = p_j * (others + dense_z) - not_p_j * v_j
-                grad = tl.where(log1p_s != log1p_s, float("nan"), grad) * scale
+                grad = tl.where(log1p_s != log1p_s, float("nan"), grad)
+                if HAS_SCALE:
+                    grad = grad * scale
                 if CAP:
                     grad = grad * _dcap(z, softcap, EXACT)
                 grad = tl.where(keep & valid, grad, 0.0)
