@@ -192,16 +192,17 @@ MUTATIONS = (
     Mutation(
         "jax_impl/softmax.py",
         "softmax_cross_entropy", "every class scaled through its exp's argument (rounded)",
-        "    e = jnp.exp(jnp.where(below, shifted + shift, shifted))"
-        " * jnp.where(below, 1.0, 2.0**power)\n",
-        "    e = jnp.exp(shifted + shift)\n",
+        "    half = jnp.exp(0.5 * shifted) * 2.0 ** (_unflush_power(shifted.dtype) // 2)\n"
+        "    return half * half\n",
+        "    return jnp.exp(shifted + _unflush_power(shifted.dtype) * math.log(2.0))\n",
         "any_class_count", "tests/test_strict.py",
     ),
     Mutation(
         "jax_impl/softmax.py",
         "softmax_cross_entropy", "flushed subnormal classes summed as they are",
-        "    below = shifted < -shift\n",
-        "    below = shifted < -jnp.inf\n",
+        "    half = jnp.exp(0.5 * shifted) * 2.0 ** (_unflush_power(shifted.dtype) // 2)\n"
+        "    return half * half\n",
+        "    return jnp.exp(shifted) * 2.0 ** _unflush_power(shifted.dtype)\n",
         "any_class_count", "tests/test_strict.py",
     ),
     Mutation(

@@ -127,6 +127,11 @@ BACKEND_EXTRAS = {
         "_linear_block", "_linear_chunks", "_nan_like",
         "_linear_sum", "_linear_sum_fwd", "_linear_sum_bwd",
         "_linear_rows", "_linear_rows_fwd", "_linear_rows_bwd",
+        # return_aux of a block (its lse and top class; over the slices when split over V)
+        "_block_aux",
+        # the index-target row sums: the terms times 2^k without a select (squared half-exp),
+        # and the target's class weight gathered only for a weight vector
+        "_scaled_exp", "_class_weight_at",
         # `normalizer`: the mean's divisor given (the backends divide before the dtype cast),
         # applied to the sigmoid losses' weights (each term divided before summing)
         "_mean_divisor", "_sigmoid_divide",
@@ -177,10 +182,13 @@ BACKEND_EXTRAS = {
         "_asks_for_no_gradient", "_sigmoid_loss",
         # the fused linear losses: the row-block loop, its in-place block kernel, its Function
         "_linear_chunks", "_linear_block", "_LinearSoftmax",
+        # return_aux of a block (its lse and top class; over the ranks when split over V)
+        "_block_aux",
         # the Triton kernels (DESIGN 11): the selection, whether a call takes them, and the
         # autograd Function over their custom ops, per family; torch.func transforms keep eager
         "_mode", "_missing", "_in_transform",
         "_softmax_takes_triton", "_softmax_triton", "_SoftmaxTriton",
+        "_softmax_dense_takes_triton", "_softmax_dense_triton", "_SoftmaxDenseTriton",
         "_sigmoid_takes_triton", "_sigmoid_triton", "_SigmoidTriton", "_linear_takes_triton",
         # `normalizer`: the mean's divisor given (the backends divide before the dtype cast)
         "_mean_divisor",

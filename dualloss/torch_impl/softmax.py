@@ -636,8 +636,8 @@ def _at_target(logits, class_weight, label_smoothing, is_index):
 
 
 # ----------------------------------------------------------------------------------------------
-# Triton kernels (DESIGN 11): class-index targets without smoothing or `where`, and probability
-# targets, on CUDA
+# Triton kernels (DESIGN 11): class-index targets (with `where` and label smoothing), and
+# probability targets, on CUDA
 # ----------------------------------------------------------------------------------------------
 
 _TRITON = None  # kernels.softmax, imported on first use
@@ -651,7 +651,10 @@ class _SoftmaxTriton(torch.autograd.Function):
     the eager path. The buffers are saved, not returned: autograd keeps no views of them."""
 
     @staticmethod
-    def forward(ctx, z, y, w, axis, gamma, ignore_index, reduction, weighted, z_loss, softcap):
+    def forward(
+        ctx, z, y, w, axis, gamma, ignore_index, reduction, weighted, z_loss, softcap, where,
+        label_smoothing,
+    ):  # fmt: skip
         # float32/float64 keep the gradient from forward (backward scales it); half precision
         # recomputes it in backward rather than round it twice
         keeps_grad = ctx.needs_input_grad[0] and z.dtype in (torch.float32, torch.float64)
@@ -660,44 +663,44 @@ class _SoftmaxTriton(torch.autograd.Function):
         acc = torch.float64 if z.dtype == torch.float64 else torch.float32
         denominator = loss.new_empty((), dtype=acc) if reduction == "mean" else None
         _TRITON.softmax_index_fwd_(
-            z, y, w, axis, gamma, ignore_index, weighted, loss, denominator, grad, z_loss, softcap
-        )
-        ctx.save_for_backward(z, y, w, denominator, grad)
+            z, y, w, axis, gamma, ignore_index, weighted, loss, denominator, grad, z_loss, softcap,
+            where, label_smoothing,
+        )  # fmt: skip
+        ctx.save_for_backward(z, y, w, denominator, grad, where)
         ctx.axis, ctx.gamma, ctx.ignore_index = axis, gamma, ignore_index
-        ctx.z_loss, ctx.softcap = z_loss, softcap
+        ctx.z_loss, ctx.softcap, ctx.label_smoothing = z_loss, softcap, label_smoothing
         ctx.grad_is_private = _saved_tensors_are_private()
         return loss
 
     @staticmethod
     def backward(ctx, grad_loss):
-        z, y, w, divisor, grad = ctx.saved_tensors
+        z, y, w, divisor, grad, where = ctx.saved_tensors
         # the mean's backward divides the incoming gradient by the forward's denominator
         if torch.is_grad_enabled():
             scale = grad_loss if divisor is None else grad_loss / divisor
             grad = _softmax_loss_or_grad(
-                z, y, None, w, ctx.axis, ctx.gamma, ctx.ignore_index, 0.0, ctx.z_loss,
-                ctx.softcap, scale,
+                z, y, where, w, ctx.axis, ctx.gamma, ctx.ignore_index, ctx.label_smoothing,
+                ctx.z_loss, ctx.softcap, scale,
             )  # fmt: skip
         elif grad is None:
             # half precision: recomputed with the incoming gradient, one rounding
             grad = _TRITON.softmax_index_bwd(
                 z, y, w, ctx.axis, ctx.gamma, ctx.ignore_index, grad_loss, divisor, ctx.z_loss,
-                ctx.softcap,
+                ctx.softcap, where, ctx.label_smoothing,
             )  # fmt: skip
         elif ctx.grad_is_private and _frees_saved_tensors():
             # the graph's last backward: the kernel's buffer scaled in place (no second N x C)
             _TRITON.scale_rows_(grad, ctx.axis, grad_loss, divisor)
         else:
             grad = _TRITON.scale_rows(grad, ctx.axis, grad_loss, divisor)
-        return grad, None, None, None, None, None, None, None, None, None
+        return (grad,) + (None,) * 12
 
 
-def _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
-    """Whether the Triton kernel computes this call (``torch_impl.kernels`` decides where)."""
+def _softmax_takes_triton(logits, class_weight, is_index):
+    """Whether the Triton kernel computes this call (``torch_impl.kernels`` decides where):
+    class-index targets, with or without `where` and label smoothing."""
     return (
         is_index
-        and label_smoothing == 0.0
-        and where is None
         and (class_weight is None or not class_weight.requires_grad)
         and not _in_transform()
         and _kernels.use_triton(logits)
@@ -705,19 +708,22 @@ def _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index
 
 
 def _softmax_triton(
-    logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction, z_loss, softcap
-):
+    logits, targets, class_weight, axis, gamma, ignore_index, weighted, reduction, z_loss, softcap,
+    where, label_smoothing,
+):  # fmt: skip
     """The loss in the logits' dtype, reduced by the kernels: the mean divides by the kept
     targets' class weights (`weighted`, torch's weighted mean) or their number; the LLM head
-    options (DESIGN 13) in the kernel's own passes."""
+    options (DESIGN 13), the class mask `where` (read in place, broadcast or not) and label
+    smoothing in the kernel's own passes."""
     global _TRITON
     if _TRITON is None:
         _TRITON = _kernels.softmax_ops()
     z = logits if logits.is_contiguous() else logits.contiguous()
     y = targets if targets.is_contiguous() else targets.contiguous()
     return _SoftmaxTriton.apply(
-        z, y, class_weight, axis, float(gamma), ignore_index, reduction, weighted, z_loss, softcap
-    )
+        z, y, class_weight, axis, float(gamma), ignore_index, reduction, weighted, z_loss, softcap,
+        where, float(label_smoothing),
+    )  # fmt: skip
 
 
 class _SoftmaxDenseTriton(torch.autograd.Function):
@@ -1416,14 +1422,14 @@ def _softmax(
     # with a normalizer the kernel sums and the division follows: one rounding of the quotient
     # needs the sum in at least the working precision, so half precision takes the eager path
     exact_sum = normalizer is None or logits.dtype in (torch.float32, torch.float64)
-    if exact_sum and _softmax_takes_triton(logits, class_weight, label_smoothing, where, is_index):
+    if exact_sum and _softmax_takes_triton(logits, class_weight, is_index):
         # the kernel's op reduces: torch's weighted mean for the weighted cross entropy, the
         # kept elements otherwise (0 kept: a mean of 0)
         weighted = not is_focal and class_weight is not None
         kernel_reduction = "sum" if normalizer is not None else reduction
         loss = _softmax_triton(
             logits, targets, class_weight, axis, gamma, ignore_index, weighted, kernel_reduction,
-            z_loss, softcap,
+            z_loss, softcap, where, label_smoothing,
         )  # fmt: skip
         if normalizer is not None:
             loss = _reduce(loss, reduction, normalizer).to(logits.dtype)

@@ -98,8 +98,8 @@ def path(device: torch.device | str) -> str:
     how = "interpreted" if _triton.interpreted() else "compiled"
     return (
         f"Triton kernels, {how} ({mode}), for the softmax losses with class-index targets "
-        "(no label smoothing, no where) and probability targets, and the sigmoid losses; the "
-        "eager closed forms for the rest"
+        "(with where and label smoothing) and with probability targets, and the sigmoid "
+        "losses; the eager closed forms for the rest"
     )
 
 

@@ -17,6 +17,21 @@ size is written but the gradient), and the gradient is times dc/dz = 4 e / (1 + 
 e = exp(-2 |z / softcap|); with `z_loss` the loss adds z_loss lse^2, lse = c_top + log1p(s) from
 pass 1's numbers, and pass 2 adds 2 z_loss lse to every p_j's coefficient.
 
+`where` (``spec._softmax_inputs``): the boolean class mask is read through its own strides (a
+broadcast dim has stride 0: no expanded copy); a class outside it is a logit of -inf whatever
+its value, and a target outside it or a row with no class left gives 0 and no gradient, like an
+ignored target. Label smoothing, the cross entropy (gamma 0): the target mass
+a_j = w_j ((1 - eps) [j == y] + eps / K [j inside `where`]), K the classes inside it (C without),
+A = sum_j a_j from pass 1's sums of the weights; the loss
+-sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + eps / K sum_j w_j (c_top - c_j)
+(``spec._softmax_focal_terms`` with gamma 0; every term >= 0, 0 log 0 = 0), its last sum read in
+pass 2 (or a pass of its own when no gradient is asked), which writes A p_j - a_j, and at the top
+p_top sum_{j != top} a_j - (1 - p_top) a_top (no p - 1 there). The focal loss with smoothing
+(gamma > 0) has a focal term at every class (``spec._softmax_focal_terms`` with the dense mass a):
+pass 2 sums the loss, S = sum_j v_j and the sum of the others of the largest v
+(``spec._sum_except_self``, online as pass 1's top), pass 3 writes p_j (S - v_j) - (1 - p_j) v_j;
+still one launch.
+
 Arithmetic in float32 for half inputs, float64 for float64. On CUDA ``exp``/``log``/``log1p`` are
 libdevice's (correctly rounded to within an ULP) rather than the fast approximations; under the
 interpreter NumPy's, with log1p from log by Kahan's formula.
@@ -37,35 +52,89 @@ from ._common import _EXACT, _acc, _dcap, _exp, _log, _log1p, _reduce_kernel, _s
 
 
 @triton.jit
+def _focal_terms(c, is_top, z_top, s, log_s, log1p_s, a, gamma, eps, EXACT: tl.constexpr):
+    """The focal terms of a block of classes with target mass `a` (``spec._softmax_focal_terms``):
+    log p, (1 - p)^gamma and v = a (1 - p)^gamma (1 - gamma phi(p)), from the row's c_top, s,
+    log s and log1p(s) (``spec._log_softmax``, ``spec._focal_phi``)."""
+    log_p = (c - z_top) - log1p_s
+    p = _exp(c - z_top, EXACT) / (1.0 + s)
+    not_p = tl.where(is_top, s / (1.0 + s), 1.0 - p)
+    # log(1 - p): log s - log1p(s) at a top with s < 1, log1p(-p) elsewhere
+    # s as a block: the interpreter cannot `&` a block of booleans with a scalar one
+    s_block = tl.zeros_like(c) + s
+    from_s = is_top & (s_block < 1.0)
+    log_not_p = tl.where(from_s, log_s - log1p_s, _log1p(-tl.where(from_s, 0.0, p), EXACT))
+    # (1 - p)^gamma = exp(gamma log(1 - p))
+    focal_weight = _exp(gamma * log_not_p, EXACT)
+    # phi(p) = p log p / (1 - p): -log1p(s) / s at the top (-1 + s / 2 below s = eps)
+    is_big = s_block > eps
+    phi_top = tl.where(is_big, -log1p_s / tl.where(is_big, s_block, 1.0), s_block / 2.0 - 1.0)
+    has_p = (p > 0.0) & (is_top == 0)
+    safe_log_p = tl.where(has_p, log_p, 0.0)
+    phi_rest = tl.where(has_p, p * safe_log_p / tl.where(has_p, not_p, 1.0), 0.0)
+    phi = tl.where(is_top, phi_top, phi_rest)
+    v = a * focal_weight * (1.0 - gamma * phi)
+    return log_p, p, not_p, focal_weight, v
+
+
+@triton.jit
 def _softmax_index_kernel(
-    z_ptr, y_ptr, w_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride, divisor_ptr,
-    C, D, stride_n, stride_c, stride_d,
-    gamma, ignore_index, tiny, eps, z_loss, softcap,
+    z_ptr, y_ptr, w_ptr, m_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride, divisor_ptr,
+    C, D, stride_n, stride_c, stride_d, stride_mn, stride_mc, stride_md,
+    gamma, ignore_index, tiny, eps, z_loss, softcap, smoothing,
     HAS_W: tl.constexpr, WEIGHTED_COUNT: tl.constexpr, COUNT: tl.constexpr,
     NEEDS_GRAD: tl.constexpr,
     FOCAL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DIVISOR: tl.constexpr,
     STORE_LOSS: tl.constexpr, Z_LOSS: tl.constexpr, CAP: tl.constexpr,
+    HAS_WHERE: tl.constexpr, SMOOTHED: tl.constexpr, SMOOTH: tl.constexpr, DENSE: tl.constexpr,
+    SECOND_PASS: tl.constexpr,
     ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     n = row // D
     d = row - n * D
     base = n * stride_n + d * stride_d
+    if HAS_WHERE:
+        mbase = n * stride_mn + d * stride_md
     cols = tl.arange(0, BLOCK)
     inf = float("inf")
+    y = tl.load(y_ptr + row)
+    keep = y != ignore_index
+    y = tl.where(keep, y, 0)
 
-    # pass 1: z_top, top (first on ties) and s = sum_{j != top} exp(z_j - z_top), online
+    # pass 1: z_top, top (first on ties) and s = sum_{j != top} exp(z_j - z_top), online; with
+    # `where` the classes left (K), with smoothing the class weights inside it (all, and all but y)
     z_top = tl.full((), -inf, ACC)
     top = tl.full((), 0, tl.int64)
     s = tl.full((), 0.0, ACC)
     has_nan = tl.full((), 0, tl.int32)
+    if SMOOTHED:
+        num_valid = tl.full((), 0, tl.int32)
+        w_valid = tl.full((), 0.0, ACC)
+        w_valid_not_y = tl.full((), 0.0, ACC)
     for start in range(0, C, BLOCK):
         j = start + cols
         inside = j < C
         z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-inf).to(ACC)
+        if HAS_WHERE:
+            # the class mask through its own strides: a class outside it leaves the row (a
+            # logit of -inf), whatever its value, NaN and +inf too
+            at = mbase + j.to(tl.int64) * stride_mc
+            valid = inside & (tl.load(m_ptr + at, mask=inside, other=0) != 0)
+            z = tl.where(valid, z, -inf)
+        else:
+            valid = inside
         if CAP:
             # soft-capping: the row is that of c = softcap tanh(z / softcap)
             z = _softcap(z, softcap, EXACT)
+        if SMOOTHED:
+            num_valid += tl.sum(valid.to(tl.int32), 0)
+            if HAS_W:
+                w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
+            else:
+                w_j = valid.to(ACC)
+            w_valid += tl.sum(w_j, 0)
+            w_valid_not_y += tl.sum(tl.where(j == y, 0.0, w_j), 0)
         has_nan = has_nan | tl.max((z != z).to(tl.int32), 0)
         block_top = tl.max(z, 0)
         # the first index of the block's largest logit
@@ -84,14 +153,14 @@ def _softmax_index_kernel(
     # a NaN or +inf logit (or a row of -inf) gives NaN, never a number
     log1p_s = _log1p(s, EXACT) + 0.0 * z_top
     log1p_s = tl.where(has_nan != 0, float("nan"), log1p_s)
-    y = tl.load(y_ptr + row)
-    keep = y != ignore_index
-    y = tl.where(keep, y, 0)
+    if HAS_WHERE:
+        # a target outside `where` (or a row with no class left) is left out like an ignored one
+        keep = keep & (tl.load(m_ptr + mbase + y * stride_mc) != 0)
     if HAS_W:
-        a_y = tl.load(w_ptr + y).to(ACC)
+        w_y = tl.load(w_ptr + y).to(ACC)
     else:
-        a_y = tl.full((), 1.0, ACC)
-    a_y = tl.where(keep, a_y, 0.0)
+        w_y = tl.full((), 1.0, ACC)
+    w_y = tl.where(keep, w_y, 0.0)
     z_y = tl.load(z_ptr + base + y * stride_c).to(ACC)
     if CAP:
         z_y = _softcap(z_y, softcap, EXACT)
@@ -100,7 +169,26 @@ def _softmax_index_kernel(
     p = _exp(log_p, EXACT)
     # 1 - p_top = s / (1 + s), never formed as 1 - p
     not_p = tl.where(is_top, s / (1.0 + s), 1.0 - p)
-    if FOCAL:
+    if SMOOTH:
+        # the target mass a_j = w_j ((1 - eps) [j == y] + eps / K [j inside `where`]): `hot` at
+        # y, eps_k w_j at every class left; A = sum_j a_j, and the others' share at y and top
+        eps_k = tl.where(keep, smoothing / tl.maximum(num_valid, 1).to(ACC), 0.0)
+        hot = (1.0 - smoothing) * w_y
+        a_y = hot + eps_k * w_y
+        mass = hot + eps_k * w_valid
+        if HAS_W:
+            w_top = tl.load(w_ptr + top).to(ACC)
+        else:
+            w_top = tl.full((), 1.0, ACC)
+        # sum_{j != top} a_j, summed apart where the top is the target (no cancellation)
+        rest_top = tl.where(
+            is_top, eps_k * w_valid_not_y, hot + eps_k * tl.maximum(w_valid - w_top, 0.0)
+        )
+        a_top = tl.where(is_top, a_y, eps_k * w_top)
+        weighted = a_y
+        v = a_y
+    elif FOCAL:
+        a_y = w_y
         # log(1 - p): log s - log1p(s) at a top with s < 1, log1p(-p) elsewhere
         is_normal = s >= tiny
         log_s = tl.where(is_normal, _log(tl.where(is_normal, s, 1.0), EXACT), -inf)
@@ -119,6 +207,7 @@ def _softmax_index_kernel(
         weighted = a_y * focal_weight
         v = weighted * (1.0 - gamma * phi)
     else:
+        a_y = w_y
         weighted = a_y
         v = a_y
     # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
@@ -126,19 +215,9 @@ def _softmax_index_kernel(
     if Z_LOSS:
         # z-loss: z_loss lse^2, logsumexp(c) = c_top + log1p(s)
         lse = z_top + log1p_s
-        loss = loss + z_loss * lse * lse
         z_coefficient = 2.0 * z_loss * lse
     else:
         z_coefficient = 0.0
-    # ignored elements give 0, whatever their logits
-    if STORE_LOSS:
-        tl.store(loss_ptr + row, tl.where(keep, loss, 0.0).to(loss_ptr.dtype.element_ty))
-    if COUNT:
-        # the mean's count, `count_at` entries on in the same buffer
-        if WEIGHTED_COUNT:
-            tl.store(loss_ptr + count_at + row, a_y)
-        else:
-            tl.store(loss_ptr + count_at + row, keep.to(ACC))
 
     if NEEDS_GRAD:
         # pass 2: p_j v off the target, -(1 - p_y) v at it; an ignored row gets 0
@@ -148,32 +227,186 @@ def _softmax_index_kernel(
             if HAS_DIVISOR:
                 # the mean's backward: the incoming gradient over the forward's denominator
                 scale = scale / tl.load(divisor_ptr).to(ACC)
-            v = v * scale
-            z_coefficient = z_coefficient * scale
-        at_y = -not_p * v
-        if Z_LOSS:
-            # the z-loss's 2 z_loss lse p_j in every p_j's coefficient
-            at_y = at_y + z_coefficient * p
-            v = v + z_coefficient
-        # p_j v = exp(z_j - z_top) v / (1 + s): one rounded difference in the exponent (its
-        # error grows with |z_j - z_top|), where exp(z_j - z_top - log1p(s)) would have two;
-        # NaN where the row's loss is NaN
-        v_over = tl.where(log1p_s != log1p_s, float("nan"), v / (1.0 + s))
+        if SMOOTH:
+            # A p_j - a_j (+ the z-loss's 2 z_loss lse p_j): p_j (A + z) / (1 + s) - a_j off the
+            # top; at it p_top (sum_{j != top} a_j + z) - (1 - p_top) a_top (no p - 1 there);
+            # NaN where the row's loss is NaN
+            is_nan = log1p_s != log1p_s
+            at_top = (rest_top + z_coefficient) / (1.0 + s) - s / (1.0 + s) * a_top
+            at_top = tl.where(is_nan, float("nan"), at_top)
+            v_over = tl.where(is_nan, float("nan"), (mass + z_coefficient) / (1.0 + s))
+        else:
+            if HAS_SCALE:
+                v = v * scale
+                z_coefficient = z_coefficient * scale
+            at_y = -not_p * v
+            if Z_LOSS:
+                # the z-loss's 2 z_loss lse p_j in every p_j's coefficient
+                at_y = at_y + z_coefficient * p
+                v = v + z_coefficient
+            # p_j v = exp(z_j - z_top) v / (1 + s): one rounded difference in the exponent (its
+            # error grows with |z_j - z_top|), where exp(z_j - z_top - log1p(s)) would have two;
+            # NaN where the row's loss is NaN
+            v_over = tl.where(log1p_s != log1p_s, float("nan"), v / (1.0 + s))
+    # smoothing: sum_j eps_k w_j (c_top - c_j) over the classes with mass, read with the
+    # gradient's pass (or in a pass of its own when no gradient is asked for); each term times
+    # its mass before the sum, which (like the loss) stays finite where sum_j w_j (c_top - c_j)
+    # would not (a margin near the dtype's largest number)
+    if SMOOTH:
+        spread = tl.full((), 0.0, ACC)
+    if SECOND_PASS:
         for start in range(0, C, BLOCK):
             j = start + cols
             inside = j < C
             offsets = base + j.to(tl.int64) * stride_c
             z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
+            if HAS_WHERE:
+                at = mbase + j.to(tl.int64) * stride_mc
+                valid = inside & (tl.load(m_ptr + at, mask=inside, other=0) != 0)
+                z = tl.where(valid, z, -inf)
+            else:
+                valid = inside
             if CAP:
                 c = _softcap(z, softcap, EXACT)
             else:
                 c = z
-            grad = tl.where(j == y, at_y, _exp(c - z_top, EXACT) * v_over)
+            if SMOOTH:
+                if HAS_W:
+                    w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
+                else:
+                    w_j = valid.to(ACC)
+                m_j = eps_k * w_j
+                # 0 log 0 = 0: a class without mass adds nothing, also at a logit of -inf
+                has_mass = m_j != 0.0
+                shifted = z_top - tl.where(has_mass, c, 0.0)
+                spread += tl.sum(tl.where(has_mass, m_j * shifted, 0.0), 0)
+            if NEEDS_GRAD:
+                if SMOOTH:
+                    grad = _exp(c - z_top, EXACT) * v_over - m_j
+                    grad = tl.where(j == y, grad - hot, grad)
+                    grad = tl.where(j == top, at_top, grad)
+                    if HAS_SCALE:
+                        grad = grad * scale
+                else:
+                    grad = tl.where(j == y, at_y, _exp(c - z_top, EXACT) * v_over)
+                if CAP:
+                    # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
+                    grad = grad * _dcap(z, softcap, EXACT)
+                # ignored elements and classes outside `where` get 0
+                if HAS_WHERE:
+                    grad = tl.where(keep & valid, grad, 0.0)
+                else:
+                    grad = tl.where(keep, grad, 0.0)
+                tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+
+    if DENSE:
+        # the focal loss with smoothing: a focal term at every class, a_j = w_j ((1 - eps)
+        # [j == y] + eps / K [j inside `where`]); pass 2 sums the loss, S = sum_j v_j and the
+        # others' sum of the largest v (``spec._sum_except_self``), pass 3 writes the gradient
+        # p_j (S - v_j) - (1 - p_j) v_j
+        eps_k = tl.where(keep, smoothing / tl.maximum(num_valid, 1).to(ACC), 0.0)
+        hot = (1.0 - smoothing) * w_y
+        is_normal = s >= tiny
+        log_s = tl.where(is_normal, _log(tl.where(is_normal, s, 1.0), EXACT), -inf)
+        total = tl.full((), 0.0, ACC)
+        big_v = tl.full((), -1.0, ACC)
+        big = tl.full((), 0, tl.int64)
+        rest_of_big = tl.full((), 0.0, ACC)
+        loss = tl.full((), 0.0, ACC)
+        for start in range(0, C, BLOCK):
+            j = start + cols
+            inside = j < C
+            z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-inf)
+            z = z.to(ACC)
+            if HAS_WHERE:
+                at = mbase + j.to(tl.int64) * stride_mc
+                valid = inside & (tl.load(m_ptr + at, mask=inside, other=0) != 0)
+                z = tl.where(valid, z, -inf)
+            else:
+                valid = inside
             if CAP:
-                # the chain rule through the cap: dl/dz = dl/dc sech^2(z / softcap)
-                grad = grad * _dcap(z, softcap, EXACT)
-            grad = tl.where(keep, grad, 0.0)
-            tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+                z = _softcap(z, softcap, EXACT)
+            if HAS_W:
+                w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
+            else:
+                w_j = valid.to(ACC)
+            a_j = tl.where(j == y, hot, 0.0) + eps_k * w_j
+            log_p_j, _, _, focal_weight_j, v_j = _focal_terms(
+                z, j == top, z_top, s, log_s, log1p_s, a_j, gamma, eps, EXACT
+            )
+            # 0 log 0 = 0: a class with no target mass contributes nothing, also at -inf
+            loss += tl.sum(tl.where(a_j == 0.0, 0.0, -(a_j * focal_weight_j * log_p_j)), 0)
+            total += tl.sum(v_j, 0)
+            # the largest v (the first on ties) and the sum of the others, online (v >= 0)
+            block_big = tl.max(v_j, 0)
+            block_at = tl.min(tl.where(v_j == block_big, j, C), 0)
+            block_rest = tl.sum(tl.where(j == block_at, 0.0, v_j), 0)
+            new_big = block_big > big_v
+            rest_of_big += tl.where(new_big, tl.maximum(big_v, 0.0) + block_rest, tl.sum(v_j, 0))
+            big = tl.where(new_big, block_at.to(tl.int64), big)
+            big_v = tl.where(new_big, block_big, big_v)
+        # NaN where a NaN or +inf logit made the row NaN (0 log 0 kept it out of the sum)
+        loss = loss + 0.0 * log1p_s
+        if NEEDS_GRAD:
+            if HAS_SCALE:
+                scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
+                if HAS_DIVISOR:
+                    scale = scale / tl.load(divisor_ptr).to(ACC)
+            if Z_LOSS:
+                # the z-loss's 2 z_loss lse p_j
+                dense_z = 2.0 * z_loss * (z_top + log1p_s)
+            else:
+                dense_z = 0.0
+            for start in range(0, C, BLOCK):
+                j = start + cols
+                inside = j < C
+                offsets = base + j.to(tl.int64) * stride_c
+                z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
+                if HAS_WHERE:
+                    at = mbase + j.to(tl.int64) * stride_mc
+                    valid = inside & (tl.load(m_ptr + at, mask=inside, other=0) != 0)
+                    z = tl.where(valid, z, -inf)
+                else:
+                    valid = inside
+                if CAP:
+                    c = _softcap(z, softcap, EXACT)
+                else:
+                    c = z
+                if HAS_W:
+                    w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
+                else:
+                    w_j = valid.to(ACC)
+                a_j = tl.where(j == y, hot, 0.0) + eps_k * w_j
+                _, p_j, not_p_j, _, v_j = _focal_terms(
+                    c, j == top, z_top, s, log_s, log1p_s, a_j, gamma, eps, EXACT
+                )
+                # S - v_j, summed apart for the largest v (the only one that can be most of S)
+                others = tl.where(j == big, rest_of_big, total - v_j)
+                grad = p_j * (others + dense_z) - not_p_j * v_j
+                grad = tl.where(log1p_s != log1p_s, float("nan"), grad)
+                if HAS_SCALE:
+                    grad = grad * scale
+                if CAP:
+                    grad = grad * _dcap(z, softcap, EXACT)
+                grad = tl.where(keep & valid, grad, 0.0)
+                tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
+    if SMOOTH:
+        # -sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + sum_j eps_k w_j
+        # (c_top - c_j): every term >= 0; 0 log 0 = 0 where y has no mass of its own
+        hot_term = tl.where(hot == 0.0, 0.0, hot * (z_top - z_y))
+        loss = mass * log1p_s + hot_term + spread
+    if Z_LOSS:
+        loss = loss + z_loss * lse * lse
+    # ignored elements give 0, whatever their logits
+    if STORE_LOSS:
+        tl.store(loss_ptr + row, tl.where(keep, loss, 0.0).to(loss_ptr.dtype.element_ty))
+    if COUNT:
+        # the mean's count, `count_at` entries on in the same buffer: torch's weighted mean
+        # divides by the kept targets' class weights (with smoothing too), else their number
+        if WEIGHTED_COUNT:
+            tl.store(loss_ptr + count_at + row, w_y)
+        else:
+            tl.store(loss_ptr + count_at + row, keep.to(ACC))
 
 
 @triton.jit
@@ -228,11 +461,15 @@ def softmax_index_fwd_(
     grad: Tensor | None,
     z_loss: float,
     softcap: float | None,
+    where: Tensor | None,
+    label_smoothing: float,
 ) -> None:
     """z contiguous logits with the class axis `axis`, y contiguous int64 targets (z's shape
     without it), w (C,) the class weight (compute dtype) or None; the results written into
     buffers the caller allocates (the loss and gradient in z's dtype, one rounding each).
-    `z_loss` (0: none) and `softcap` (None: none): the LLM head options (DESIGN 13).
+    `z_loss` (0: none) and `softcap` (None: none): the LLM head options (DESIGN 13). `where`:
+    the boolean class mask broadcastable to z (None: every class), read through its strides;
+    `label_smoothing` (cross entropy only, gamma 0): the eps of the smoothed target mass.
 
     `loss`: y's shape for the per-element loss; 0-dim for their sum, or with a 0-dim
     `denominator` (compute dtype) for their mean over the count (a_y with `weighted_count`,
@@ -241,7 +478,7 @@ def softmax_index_fwd_(
     if loss.dim() > 0:
         _launch(
             z, y, w, axis, gamma, ignore_index, weighted_count, loss, 0, grad,
-            z_loss=z_loss, softcap=softcap,
+            z_loss=z_loss, softcap=softcap, where=where, label_smoothing=label_smoothing,
         )  # fmt: skip
         return
     acc = torch.float64 if z.dtype == torch.float64 else torch.float32
@@ -250,7 +487,7 @@ def softmax_index_fwd_(
     count_at = y.numel() if mean else 0
     _launch(
         z, y, w, axis, gamma, ignore_index, weighted_count, rows, count_at, grad,
-        z_loss=z_loss, softcap=softcap,
+        z_loss=z_loss, softcap=softcap, where=where, label_smoothing=label_smoothing,
     )  # fmt: skip
     _reduce_kernel[(1,)](
         rows, loss, denominator if mean else loss, y.numel(), torch.finfo(acc).tiny, 0.0,
@@ -260,14 +497,20 @@ def softmax_index_fwd_(
 
 def _launch(
     z, y, w, axis, gamma, ignore_index, weighted_count, loss, count_at, grad,
-    scale=None, divisor=None, z_loss=0.0, softcap=None,
+    scale=None, divisor=None, z_loss=0.0, softcap=None, where=None, label_smoothing=0.0,
 ):  # fmt: skip
     """The row kernel: per-element losses into `loss` (None: not stored), their counts into
     `loss` from `count_at` on (0: none), the gradient (times `scale` / `divisor` where given)
-    into `grad` (None: not computed); with the z-loss `z_loss` and the cap `softcap`."""
+    into `grad` (None: not computed); with the z-loss `z_loss`, the cap `softcap`, the class
+    mask `where` and the smoothing `label_smoothing` (gamma 0 only)."""
     rows, c, d, stride_n, stride_c, stride_d = _rows(z, axis)
     if rows == 0:
         return
+    mask, mask_strides = _mask_rows(where, z.shape, axis)
+    # label smoothing: the cross entropy's closed form (gamma 0) in the usual two passes; the
+    # focal loss (gamma > 0) a focal term at every class, in two passes after the first (dense)
+    smoothed, focal = label_smoothing != 0.0, gamma != 0.0
+    dense = smoothed and focal
     block, warps = _block(c)
     # the kernel reads w[y] at w + y: an expanded class weight (a 0-dim `alpha` tensor
     # broadcast to (C,), stride 0) laid out as C numbers first
@@ -277,19 +520,50 @@ def _launch(
     scale, scale_stride = _row_scale(scale)
     anything = z  # a pointer the kernel never reads (constexpr flags say so)
     _softmax_index_kernel[(rows,)](
-        z, y, w if w is not None else anything, loss if loss is not None else anything,
-        count_at, grad if grad is not None else anything,
+        z, y, w if w is not None else anything, mask if mask is not None else anything,
+        loss if loss is not None else anything, count_at, grad if grad is not None else anything,
         scale if scale is not None else anything, scale_stride,
         divisor if divisor is not None else anything,
-        c, d, stride_n, stride_c, stride_d,
+        c, d, stride_n, stride_c, stride_d, *mask_strides,
         float(gamma), int(ignore_index), info.tiny, info.eps,
-        float(z_loss), 1.0 if softcap is None else float(softcap),
+        float(z_loss), 1.0 if softcap is None else float(softcap), float(label_smoothing),
         HAS_W=w is not None, WEIGHTED_COUNT=weighted_count, COUNT=count_at > 0,
-        NEEDS_GRAD=grad is not None, FOCAL=gamma != 0.0, HAS_SCALE=scale is not None,
+        NEEDS_GRAD=grad is not None, FOCAL=focal, HAS_SCALE=scale is not None,
         HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
         Z_LOSS=z_loss != 0.0, CAP=softcap is not None,
+        HAS_WHERE=mask is not None, SMOOTHED=smoothed, SMOOTH=smoothed and not focal,
+        DENSE=smoothed and focal, SECOND_PASS=(grad is not None or smoothed) and not dense,
         ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
     )  # fmt: skip
+
+
+def _merged_stride(sizes, strides):
+    """The one stride that walks the dims `sizes` (their `strides`) as a flat index, or None
+    where none does (a broadcast dim, stride 0, outside a dim of its own)."""
+    dims = [(size, stride) for size, stride in zip(sizes, strides, strict=True) if size != 1]
+    for (_, outer), (size, inner) in zip(dims, dims[1:], strict=False):
+        if outer != inner * size:
+            return None
+    return dims[-1][1] if dims else 0
+
+
+def _mask_rows(where, shape, axis):
+    """`where` (broadcastable to the logits `shape`) and its strides (n, c, d) around the class
+    axis, as ``_rows`` reads the logits: a broadcast dim has stride 0, so a class mask shared by
+    the rows is read in place. Where a broadcast cannot be walked with one stride per side (a
+    broadcast dim between two kept ones), the mask is made contiguous, once per call."""
+    if where is None:
+        return None, (0, 0, 0)
+    pad = len(shape) - where.dim()
+    strides = [0] * pad + [
+        0 if size == 1 else stride for size, stride in zip(where.shape, where.stride(), strict=True)
+    ]
+    stride_n = _merged_stride(shape[:axis], strides[:axis])
+    stride_d = _merged_stride(shape[axis + 1 :], strides[axis + 1 :])
+    if stride_n is None or stride_d is None:
+        where = where.expand(shape).contiguous()
+        return _mask_rows(where, shape, axis)
+    return where, (stride_n, strides[axis], stride_d)
 
 
 def linear_block_(z, y, w, gamma, ignore_index, loss, scale, z_loss=0.0, softcap=None):
@@ -315,7 +589,10 @@ def _row_scale(scale):
 
 
 @softmax_index_fwd_.register_fake
-def _(z, y, w, axis, gamma, ignore_index, weighted_count, loss, denominator, grad, z_loss, softcap):
+def _(
+    z, y, w, axis, gamma, ignore_index, weighted_count, loss, denominator, grad, z_loss, softcap,
+    where, label_smoothing,
+):  # fmt: skip
     return None
 
 
@@ -323,6 +600,7 @@ def _(z, y, w, axis, gamma, ignore_index, weighted_count, loss, denominator, gra
 def softmax_index_bwd(
     z: Tensor, y: Tensor, w: Tensor | None, axis: int, gamma: float, ignore_index: int,
     scale: Tensor, divisor: Tensor | None, z_loss: float, softcap: float | None,
+    where: Tensor | None, label_smoothing: float,
 ) -> Tensor:  # fmt: skip
     """The gradient of ``softmax_index_fwd_``'s per-element loss times `scale` (one number or
     y's shape) over `divisor` (the mean's denominator, or None), recomputed from the logits in
@@ -330,13 +608,14 @@ def softmax_index_bwd(
     forward in the logits' dtype and then scaled would be rounded twice)."""
     grad = torch.empty_like(z)
     _launch(
-        z, y, w, axis, gamma, ignore_index, False, None, 0, grad, scale, divisor, z_loss, softcap
-    )
+        z, y, w, axis, gamma, ignore_index, False, None, 0, grad, scale, divisor, z_loss, softcap,
+        where, label_smoothing,
+    )  # fmt: skip
     return grad
 
 
 @softmax_index_bwd.register_fake
-def _(z, y, w, axis, gamma, ignore_index, scale, divisor, z_loss, softcap):
+def _(z, y, w, axis, gamma, ignore_index, scale, divisor, z_loss, softcap, where, label_smoothing):
     return torch.empty_like(z)
 
 
@@ -583,40 +862,6 @@ def _softmax_dense_kernel(
             tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
 
-def _flat_stride(sizes, strides) -> int | None:
-    """One stride that walks dimensions `sizes` (with `strides`) in row-major order, or None
-    where no single stride does (0 for a walk over broadcast or no dimensions)."""
-    stride, inner = None, 1
-    for size, step in zip(reversed(sizes), reversed(strides), strict=True):
-        if size == 1:
-            continue
-        if stride is None:
-            stride = step
-        elif step != stride * inner:
-            return None
-        inner *= size
-    return 0 if stride is None else stride
-
-
-def _mask_rows(where: Tensor | None, shape, axis: int) -> tuple[Tensor | None, int, int, int]:
-    """`where` (broadcastable to `shape`) read as (N, C, D) around the class axis, through its
-    own strides (0 along broadcast dimensions; no torch op, so no expanded copy), and its three
-    strides; a copy only where the rows or the trailing dimensions cannot be walked with one
-    stride."""
-    if where is None:
-        return None, 0, 0, 0
-    lead = len(shape) - where.dim()
-    strides = [0] * lead + [
-        0 if size == 1 else step for size, step in zip(where.shape, where.stride(), strict=True)
-    ]
-    row = _flat_stride(shape[:axis], strides[:axis])
-    trailing = _flat_stride(shape[axis + 1 :], strides[axis + 1 :])
-    if row is None or trailing is None:
-        where = where.expand(shape).contiguous()
-        return _mask_rows(where, shape, axis)
-    return where, row, strides[axis], trailing
-
-
 def _dense_launch(
     z, t, w, where, axis, gamma, label_smoothing, loss, count_at, grad, scale=None,
     divisor=None, z_loss=0.0, softcap=None,
@@ -631,7 +876,7 @@ def _dense_launch(
     scale, scale_stride = _row_scale(scale)
     # the kernel reads w at w + j (an expanded 0-dim `alpha` laid out as C numbers first)
     w = None if w is None else w.contiguous()
-    m, m_stride_n, m_stride_c, m_stride_d = _mask_rows(where, z.shape, axis)
+    m, (m_stride_n, m_stride_c, m_stride_d) = _mask_rows(where, z.shape, axis)
     info = torch.finfo(torch.float64 if z.dtype == torch.float64 else torch.float32)
     anything = z  # a pointer the kernel never reads (constexpr flags say so)
     _softmax_dense_kernel[(rows,)](
