@@ -679,7 +679,11 @@ def test_the_sigmoid_kernels_leave_target_gradients_and_second_order_to_the_eage
     [
         ("linear_softmax_focal_loss", {"gamma": 0.5}, ("float32", "bfloat16")),
         # the LLM head options in the block's launch (DESIGN 13)
-        ("linear_softmax_cross_entropy", {"z_loss": 1e-3, "softcap": 4.0}, ("float32",)),
+        (
+            "linear_softmax_cross_entropy",
+            {"z_loss": 1e-3, "softcap": 4.0, "label_smoothing": 0.1},
+            ("float32",),
+        ),
     ],
 )
 def test_the_fused_linear_kernel_path_meets_the_strict_standard(monkeypatch, loss, options, dtypes):
@@ -711,6 +715,10 @@ def test_the_fused_linear_kernel_path_agrees_with_the_eager_blocks(dtype, reduct
         (torch_impl.linear_softmax_cross_entropy, {"bias": b, "weight": weight}),
         (torch_impl.linear_softmax_focal_loss, {"gamma": 2.0, "alpha": weight}),
         (torch_impl.linear_softmax_focal_loss, {"gamma": 1.5, "z_loss": 1e-2, "softcap": 3.0}),
+        # label smoothing in the block's launch: the cross entropy's closed form, the focal
+        # loss's term at every class
+        (torch_impl.linear_softmax_cross_entropy, {"label_smoothing": 0.2, "weight": weight}),
+        (torch_impl.linear_softmax_focal_loss, {"gamma": 2.0, "label_smoothing": 0.1}),
     ]:
         results = {}
         for mode in ("eager", "triton"):

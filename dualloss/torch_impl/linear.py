@@ -246,7 +246,8 @@ def _linear_chunks(
         dw = torch.zeros(w.shape, dtype=dtype, device=h.device)
         db = None if b is None else torch.zeros(b.shape, dtype=dtype, device=h.device)
     z_loss, softcap = head
-    # one device: the LLM head options take the dense path; over ranks, the block's own
+    # one device: the LLM head options take the kernel or the dense path; over ranks, the
+    # block's own
     dense = (gamma != 0.0 and label_smoothing != 0.0) or (
         shard is None and (z_loss != 0.0 or softcap is not None)
     )
@@ -275,7 +276,7 @@ def _linear_chunks(
         if kernel is not None:
             block_grad = None if block_grad is None else block_grad.to(dtype)
             kernel(z, y_block, class_weight, gamma, ignore_index, loss[start : start + rows],
-                   block_grad, z_loss, softcap)  # fmt: skip
+                   block_grad, z_loss, softcap, label_smoothing)  # fmt: skip
             if block_grad is None:
                 continue
             grad = z
@@ -326,14 +327,12 @@ def _block_aux(z, c, y, shard):
     return (c_top + torch.log(total)).squeeze(-1), first.squeeze(-1) == y
 
 
-def _linear_takes_triton(h, class_weight, label_smoothing) -> bool:
-    """Whether the blocks take the Triton kernel (``torch_impl.kernels`` decides where): class
-    indices without label smoothing (the kernel has none; the LLM head options it takes in its
-    own two passes), no gradient asked of the class weight, not while torch.compile
-    traces the loop (it keeps the eager block)."""
+def _linear_takes_triton(h, class_weight) -> bool:
+    """Whether the blocks take the Triton kernel (``torch_impl.kernels`` decides where; label
+    smoothing and the LLM head options it takes in its own passes): no gradient asked of the
+    class weight, not while torch.compile traces the loop (it keeps the eager block)."""
     return (
-        label_smoothing == 0.0
-        and (class_weight is None or not class_weight.requires_grad)
+        (class_weight is None or not class_weight.requires_grad)
         and not torch.compiler.is_compiling()
         and _kernels.use_triton(h)
     )
@@ -359,7 +358,7 @@ class _LinearSoftmax(torch.autograd.Function):
         grad_loss = None
         if needs and not per_row:
             grad_loss = row_scale.expand(h.shape[0])
-        ctx.kernel = shard is None and _linear_takes_triton(h, class_weight, label_smoothing)
+        ctx.kernel = shard is None and _linear_takes_triton(h, class_weight)
         stats = None
         if aux:
             # return_aux's per-row lse and correct, from the same pass (no gradient)
@@ -513,10 +512,10 @@ def _linear_softmax(
     else:
         row_scale = torch.ones((), dtype=dtype, device=hidden.device)
     if chunk_size is None:
-        # the dense path (label smoothing; the LLM head options off the kernel) holds ~8
+        # the dense path (label smoothing or the LLM head options off the kernel) holds ~8
         # temporaries per block, the gather path ~3, the Triton kernel none
-        in_kernel = shard is None and _linear_takes_triton(h, class_weight, label_smoothing)
-        plain = label_smoothing == 0.0 and (head == (0.0, None) or in_kernel)
+        in_kernel = shard is None and _linear_takes_triton(h, class_weight)
+        plain = in_kernel or (label_smoothing == 0.0 and head == (0.0, None))
         budget = (1 << 22) if plain else (1 << 19)
         # up to 1/16 of the logits (64 MiB blocks at most): at (4096, 256, 32000) 256 rows, 1.3x
         # faster than 128 rows on CPU, the block 0.0625x the logits
@@ -568,14 +567,14 @@ def linear_softmax_cross_entropy(
     logits (``spec.linear_softmax_cross_entropy``).
 
     Differs from the spec: `linear_weight` is (V, H) as ``nn.Linear``; rows are processed in
-    blocks of `chunk_size` (default: (rows, V) blocks of 4M entries (512K with label smoothing),
+    blocks of `chunk_size` (default: (rows, V) blocks of 4M entries; 512K with label smoothing
+    or the LLM head options off the Triton kernel,
     grown up to 1/16 of the logits and 16M entries), so the extra memory is one block plus, for
     half inputs, float32 copies of `linear_weight` and its gradient accumulator. Result in the
     hidden dtype (half precision computed in float32). Gradients for `hidden`, `linear_weight`
     and `bias`; a class `weight` that requires grad raises (no gradient is given for it). A
     mean over no kept row is 0. `z_loss`, `softcap` (DESIGN 13): applied to each block's
-    logits (in the Triton kernel's launch where it runs, 4M-entry blocks; elsewhere the dense
-    block path, 512K-entry blocks).
+    logits (in the Triton kernel's launch where it runs; elsewhere the dense block path).
 
     Vocab-parallel (DESIGN 12, docs/scaling.md): with `process_group`, `linear_weight` (V_r, H)
     and `bias` (V_r,) are this rank's contiguous slice of the classes (slices in rank order,

@@ -566,16 +566,22 @@ def _mask_rows(where, shape, axis):
     return where, (stride_n, strides[axis], stride_d)
 
 
-def linear_block_(z, y, w, gamma, ignore_index, loss, scale, z_loss=0.0, softcap=None):
+def linear_block_(
+    z, y, w, gamma, ignore_index, loss, scale, z_loss=0.0, softcap=None, label_smoothing=0.0
+):
     """A fused linear loss's block in one launch: the per-row loss of logits `z` (rows, V; a
     contiguous buffer the caller owns, compute dtype) into `loss` (rows,), and, with `scale`
     (one factor per row, or None for the loss alone), the gradient of sum_i scale_i l_i
     written over `z` itself (pass 2 reads each logit before it writes its gradient: with
     `softcap` it recomputes the cap and its derivative from that logit); with the LLM head
-    options `z_loss` and `softcap` (DESIGN 13) in the same two passes. Not a custom op: the
-    eager fused linear loop calls it (under torch.compile that loop keeps the eager block)."""
+    options `z_loss` and `softcap` (DESIGN 13) and `label_smoothing` in the kernel's own passes
+    (each reads a logit before the last one writes its gradient). Not a custom op: the eager
+    fused linear loop calls it (under torch.compile that loop keeps the eager block)."""
     grad = None if scale is None else z
-    _launch(z, y, w, 1, gamma, ignore_index, False, loss, 0, grad, scale, None, z_loss, softcap)
+    _launch(
+        z, y, w, 1, gamma, ignore_index, False, loss, 0, grad, scale, None, z_loss, softcap,
+        None, label_smoothing,
+    )  # fmt: skip
 
 
 def _row_scale(scale):
