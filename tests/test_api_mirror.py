@@ -188,7 +188,6 @@ BACKEND_EXTRAS = {
         # autograd Function over their custom ops, per family; torch.func transforms keep eager
         "_mode", "_missing", "_in_transform",
         "_softmax_takes_triton", "_softmax_triton", "_SoftmaxTriton",
-        "_softmax_dense_takes_triton", "_softmax_dense_triton", "_SoftmaxDenseTriton",
         "_sigmoid_takes_triton", "_sigmoid_triton", "_SigmoidTriton", "_linear_takes_triton",
         # `normalizer`: the mean's divisor given (the backends divide before the dtype cast)
         "_mean_divisor",

@@ -644,29 +644,40 @@ _TRITON = None  # kernels.softmax, imported on first use
 
 
 class _SoftmaxTriton(torch.autograd.Function):
-    """The kernels' forward and backward: the forward kernel writes the loss and, where a
-    gradient is needed, the gradient into a buffer of its own; backward scales that buffer (in
-    place in the graph's last backward) or, under ``create_graph=True``, returns the eager
-    closed form of the saved logits in differentiable ops, so second derivatives exist as on
-    the eager path. The buffers are saved, not returned: autograd keeps no views of them."""
+    """The kernels' forward and backward, class indices (``softmax_index_fwd_``) or probability
+    targets (``softmax_dense_fwd_``, `weighted` and `ignore_index` unused): the forward kernel
+    writes the loss and, where a gradient is needed, the gradient into a buffer of its own;
+    backward scales that buffer (in place in the graph's last backward) or, under
+    ``create_graph=True``, returns the eager closed form of the saved logits in differentiable
+    ops, so second derivatives exist as on the eager path. The buffers are saved, not returned:
+    autograd keeps no views of them. No gradient for the targets (probability targets that need
+    one take the eager path)."""
 
     @staticmethod
     def forward(
-        ctx, z, y, w, axis, gamma, ignore_index, reduction, weighted, z_loss, softcap, where,
+        ctx, z, targets, w, axis, gamma, ignore_index, reduction, weighted, z_loss, softcap, where,
         label_smoothing,
     ):  # fmt: skip
         # float32/float64 keep the gradient from forward (backward scales it); half precision
         # recomputes it in backward rather than round it twice
         keeps_grad = ctx.needs_input_grad[0] and z.dtype in (torch.float32, torch.float64)
         grad = torch.empty_like(z) if keeps_grad else None
-        loss = y.new_empty(y.shape if reduction == "none" else (), dtype=z.dtype)
+        shape = z.shape[:axis] + z.shape[axis + 1 :]
+        loss = z.new_empty(shape if reduction == "none" else ())
         acc = torch.float64 if z.dtype == torch.float64 else torch.float32
         denominator = loss.new_empty((), dtype=acc) if reduction == "mean" else None
-        _TRITON.softmax_index_fwd_(
-            z, y, w, axis, gamma, ignore_index, weighted, loss, denominator, grad, z_loss, softcap,
-            where, label_smoothing,
-        )  # fmt: skip
-        ctx.save_for_backward(z, y, w, denominator, grad, where)
+        ctx.dense = targets.is_floating_point()
+        if ctx.dense:
+            _TRITON.softmax_dense_fwd_(
+                z, targets, w, where, axis, gamma, label_smoothing, loss, denominator, grad,
+                z_loss, softcap,
+            )  # fmt: skip
+        else:
+            _TRITON.softmax_index_fwd_(
+                z, targets, w, axis, gamma, ignore_index, weighted, loss, denominator, grad,
+                z_loss, softcap, where, label_smoothing,
+            )  # fmt: skip
+        ctx.save_for_backward(z, targets, w, denominator, grad, where)
         ctx.axis, ctx.gamma, ctx.ignore_index = axis, gamma, ignore_index
         ctx.z_loss, ctx.softcap, ctx.label_smoothing = z_loss, softcap, label_smoothing
         ctx.grad_is_private = _saved_tensors_are_private()
@@ -674,19 +685,24 @@ class _SoftmaxTriton(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss):
-        z, y, w, divisor, grad, where = ctx.saved_tensors
+        z, targets, w, divisor, grad, where = ctx.saved_tensors
         # the mean's backward divides the incoming gradient by the forward's denominator
         if torch.is_grad_enabled():
             scale = grad_loss if divisor is None else grad_loss / divisor
             grad = _softmax_loss_or_grad(
-                z, y, where, w, ctx.axis, ctx.gamma, ctx.ignore_index, ctx.label_smoothing,
+                z, targets, where, w, ctx.axis, ctx.gamma, ctx.ignore_index, ctx.label_smoothing,
                 ctx.z_loss, ctx.softcap, scale,
             )  # fmt: skip
-        elif grad is None:
+        elif grad is None and ctx.dense:
             # half precision: recomputed with the incoming gradient, one rounding
+            grad = _TRITON.softmax_dense_bwd(
+                z, targets, w, where, ctx.axis, ctx.gamma, ctx.label_smoothing, grad_loss,
+                divisor, ctx.z_loss, ctx.softcap,
+            )  # fmt: skip
+        elif grad is None:
             grad = _TRITON.softmax_index_bwd(
-                z, y, w, ctx.axis, ctx.gamma, ctx.ignore_index, grad_loss, divisor, ctx.z_loss,
-                ctx.softcap, where, ctx.label_smoothing,
+                z, targets, w, ctx.axis, ctx.gamma, ctx.ignore_index, grad_loss, divisor,
+                ctx.z_loss, ctx.softcap, where, ctx.label_smoothing,
             )  # fmt: skip
         elif ctx.grad_is_private and _frees_saved_tensors():
             # the graph's last backward: the kernel's buffer scaled in place (no second N x C)
@@ -696,11 +712,12 @@ class _SoftmaxTriton(torch.autograd.Function):
         return (grad,) + (None,) * 12
 
 
-def _softmax_takes_triton(logits, class_weight, is_index):
-    """Whether the Triton kernel computes this call (``torch_impl.kernels`` decides where):
-    class-index targets, with or without `where` and label smoothing."""
+def _softmax_takes_triton(logits, targets, class_weight, is_index):
+    """Whether the Triton kernels compute this call (``torch_impl.kernels`` decides where):
+    class indices or probability targets (with or without `where` and label smoothing), no
+    gradient asked of probability targets or of the class weight."""
     return (
-        is_index
+        (is_index or not targets.requires_grad)
         and (class_weight is None or not class_weight.requires_grad)
         and not _in_transform()
         and _kernels.use_triton(logits)
@@ -712,99 +729,19 @@ def _softmax_triton(
     where, label_smoothing,
 ):  # fmt: skip
     """The loss in the logits' dtype, reduced by the kernels: the mean divides by the kept
-    targets' class weights (`weighted`, torch's weighted mean) or their number; the LLM head
-    options (DESIGN 13), the class mask `where` (read in place, broadcast or not) and label
-    smoothing in the kernel's own passes."""
+    targets' class weights (`weighted`, torch's weighted mean) or their number (probability
+    targets: the elements with a class inside `where`); the LLM head options (DESIGN 13), the
+    class mask `where` (read in place, broadcast or not) and label smoothing in the kernel's
+    own passes."""
     global _TRITON
     if _TRITON is None:
         _TRITON = _kernels.softmax_ops()
     z = logits if logits.is_contiguous() else logits.contiguous()
-    y = targets if targets.is_contiguous() else targets.contiguous()
+    targets = targets if targets.is_contiguous() else targets.contiguous()
     return _SoftmaxTriton.apply(
-        z, y, class_weight, axis, float(gamma), ignore_index, reduction, weighted, z_loss, softcap,
-        where, float(label_smoothing),
+        z, targets, class_weight, axis, float(gamma), ignore_index, reduction, weighted, z_loss,
+        softcap, where, float(label_smoothing),
     )  # fmt: skip
-
-
-class _SoftmaxDenseTriton(torch.autograd.Function):
-    """``_SoftmaxTriton`` for probability targets (``softmax_dense_fwd_``): the cross entropy
-    and the focal loss of a dense target mass with `where` and label smoothing,
-    its gradient from forward, scaled in backward; half precision recomputes it in backward;
-    under ``create_graph=True`` the eager closed form. No gradient for the targets (a target
-    that needs one takes the eager path)."""
-
-    @staticmethod
-    def forward(ctx, z, t, w, where, axis, gamma, label_smoothing, reduction, z_loss, softcap):
-        keeps_grad = ctx.needs_input_grad[0] and z.dtype in (torch.float32, torch.float64)
-        grad = torch.empty_like(z) if keeps_grad else None
-        shape = z.shape[:axis] + z.shape[axis + 1 :]
-        loss = z.new_empty(shape if reduction == "none" else ())
-        acc = torch.float64 if z.dtype == torch.float64 else torch.float32
-        denominator = loss.new_empty((), dtype=acc) if reduction == "mean" else None
-        _TRITON.softmax_dense_fwd_(
-            z, t, w, where, axis, gamma, label_smoothing, loss, denominator, grad, z_loss, softcap
-        )
-        ctx.save_for_backward(z, t, w, where, denominator, grad)
-        ctx.axis, ctx.gamma, ctx.label_smoothing = axis, gamma, label_smoothing
-        ctx.z_loss, ctx.softcap = z_loss, softcap
-        ctx.grad_is_private = _saved_tensors_are_private()
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        z, t, w, where, divisor, grad = ctx.saved_tensors
-        if torch.is_grad_enabled():
-            scale = grad_loss if divisor is None else grad_loss / divisor
-            grad = _softmax_loss_or_grad(
-                z, t, where, w, ctx.axis, ctx.gamma, -100, ctx.label_smoothing, ctx.z_loss,
-                ctx.softcap, scale,
-            )  # fmt: skip
-        elif grad is None:
-            grad = _TRITON.softmax_dense_bwd(
-                z, t, w, where, ctx.axis, ctx.gamma, ctx.label_smoothing, grad_loss, divisor,
-                ctx.z_loss, ctx.softcap,
-            )  # fmt: skip
-        elif ctx.grad_is_private and _frees_saved_tensors():
-            _TRITON.scale_rows_(grad, ctx.axis, grad_loss, divisor)
-        else:
-            grad = _TRITON.scale_rows(grad, ctx.axis, grad_loss, divisor)
-        return grad, None, None, None, None, None, None, None, None, None
-
-
-def _softmax_dense_takes_triton(logits, targets, class_weight, is_index):
-    """Whether the probability-target kernel computes this call: no gradient asked of the
-    targets or the class weight (``torch_impl.kernels`` decides where)."""
-    return (
-        not is_index
-        and not targets.requires_grad
-        and (class_weight is None or not class_weight.requires_grad)
-        and not _in_transform()
-        and _kernels.use_triton(logits)
-    )
-
-
-def _softmax_dense_triton(
-    logits, targets, class_weight, where, axis, gamma, label_smoothing, reduction, z_loss, softcap
-):
-    """The probability-target loss in the logits' dtype, reduced by the kernels (the mean over
-    the elements with a class inside `where`)."""
-    global _TRITON
-    if _TRITON is None:
-        _TRITON = _kernels.softmax_ops()
-    z = logits if logits.is_contiguous() else logits.contiguous()
-    t = targets.contiguous()
-    return _SoftmaxDenseTriton.apply(
-        z,
-        t,
-        class_weight,
-        where,
-        axis,
-        float(gamma),
-        float(label_smoothing),
-        reduction,
-        z_loss,
-        softcap,
-    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1422,24 +1359,14 @@ def _softmax(
     # with a normalizer the kernel sums and the division follows: one rounding of the quotient
     # needs the sum in at least the working precision, so half precision takes the eager path
     exact_sum = normalizer is None or logits.dtype in (torch.float32, torch.float64)
-    if exact_sum and _softmax_takes_triton(logits, class_weight, is_index):
-        # the kernel's op reduces: torch's weighted mean for the weighted cross entropy, the
-        # kept elements otherwise (0 kept: a mean of 0)
-        weighted = not is_focal and class_weight is not None
+    if exact_sum and _softmax_takes_triton(logits, targets, class_weight, is_index):
+        # the kernel's op reduces: torch's weighted mean for the weighted cross entropy with class
+        # indices, the kept elements otherwise (0 kept: a mean of 0)
+        weighted = is_index and not is_focal and class_weight is not None
         kernel_reduction = "sum" if normalizer is not None else reduction
         loss = _softmax_triton(
             logits, targets, class_weight, axis, gamma, ignore_index, weighted, kernel_reduction,
             z_loss, softcap, where, label_smoothing,
-        )  # fmt: skip
-        if normalizer is not None:
-            loss = _reduce(loss, reduction, normalizer).to(logits.dtype)
-        return loss
-    if exact_sum and _softmax_dense_takes_triton(logits, targets, class_weight, is_index):
-        # probability targets: the mean over the elements with a class inside `where`
-        kernel_reduction = "sum" if normalizer is not None else reduction
-        loss = _softmax_dense_triton(
-            logits, targets, class_weight, where, axis, gamma, label_smoothing, kernel_reduction,
-            z_loss, softcap,
         )  # fmt: skip
         if normalizer is not None:
             loss = _reduce(loss, reduction, normalizer).to(logits.dtype)

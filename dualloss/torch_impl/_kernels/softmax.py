@@ -686,28 +686,19 @@ def _dense_mass(t_ptr, w_ptr, offsets, j, inside, valid, smoothing, uniform,
 @triton.jit
 def _dense_terms(c, a, is_top, z_top, s, log1p_s, log_s, gamma, eps,
                  FOCAL: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
-    """A block of classes' p, 1 - p, v (``spec._softmax_focal_terms``: a (1 - p)^gamma
-    (1 - gamma phi), a at gamma 0) and loss term a (1 - p)^gamma log p (0 where a is 0)."""
-    log_p = (c - z_top) - log1p_s
-    # p = exp(c - c_top) / (1 + s): one rounded difference in the exponent
-    p = tl.where(c == -float("inf"), 0.0, _exp(c - z_top, EXACT)) / (1.0 + s)
-    # 1 - p_top = s / (1 + s), never formed as 1 - p
-    not_p = tl.where(is_top, s / (1.0 + s), 1.0 - p)
+    """A block of classes' p, 1 - p, v (``_focal_terms``; a at gamma 0) and loss term
+    a (1 - p)^gamma log p (0 where a is 0)."""
     if FOCAL:
-        # log(1 - p): log s - log1p(s) at a top with s < 1, log1p(-p) elsewhere
-        from_s = tl.where(is_top, s < 1.0, False)
-        log_not_p = tl.where(from_s, log_s - log1p_s, _log1p(-tl.where(from_s, 0.0, p), EXACT))
-        focal_weight = _exp(gamma * log_not_p, EXACT)
-        # phi(p) = p log p / (1 - p): -log1p(s) / s at the top (-1 + s / 2 below s = eps)
-        is_big = s > eps
-        phi_top = tl.where(is_big, -log1p_s / tl.where(is_big, s, 1.0), s / 2.0 - 1.0)
-        has_p = tl.where(is_top, False, p > 0.0)
-        phi_rest = tl.where(
-            has_p, p * tl.where(has_p, log_p, 0.0) / tl.where(has_p, not_p, 1.0), 0.0
+        log_p, p, not_p, focal_weight, v = _focal_terms(
+            c, is_top, z_top, s, log_s, log1p_s, a, gamma, eps, EXACT
         )
         weighted = a * focal_weight
-        v = weighted * (1.0 - gamma * tl.where(is_top, phi_top, phi_rest))
     else:
+        log_p = (c - z_top) - log1p_s
+        # p = exp(c - c_top) / (1 + s): one rounded difference in the exponent
+        p = _exp(c - z_top, EXACT) / (1.0 + s)
+        # 1 - p_top = s / (1 + s), never formed as 1 - p
+        not_p = tl.where(is_top, s / (1.0 + s), 1.0 - p)
         weighted = a
         v = a
     # 0 log 0 = 0: a class with no mass adds nothing, also at a logit of -inf (0 log1p(s): NaN
