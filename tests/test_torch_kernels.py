@@ -205,14 +205,20 @@ def _short(value):
 
 
 def _judge_on_the_kernel(launches, name, x, t, options, reduction, dtype_name):
-    """Forward + backward on the kernel path (the row kernel launched, no eager fallback),
-    value and gradient judged against the spec under the strict standard."""
-    before = launches.names.count("_softmax_index_kernel")
+    """Forward + backward on the kernel path (a row kernel launched, no eager fallback: the
+    focal loss with smoothing takes the dense-mass kernel, its mass formed from y), value and
+    gradient judged against the spec under the strict standard."""
+    dense = name == "softmax_focal_loss" and options.get("label_smoothing", 0.0) != 0.0
+    options = dict(options)
+    if dense and options.get("gamma") == 0.0:
+        dense = False
+    kernel = "_softmax_dense_kernel" if dense else "_softmax_index_kernel"
+    before = launches.names.count(kernel)
     xm = x.clone().requires_grad_()
     with torch_impl.kernels("triton"):
         loss = SOFTMAX[name](xm, t, reduction=reduction, **options)
     loss.sum().backward()
-    assert launches.names.count("_softmax_index_kernel") > before, (name, options)
+    assert launches.names.count(kernel) > before, (name, options)
     spec_options = {
         k: (v.double().numpy() if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
         for k, v in options.items()
@@ -330,9 +336,12 @@ def test_three_launches_and_no_more_torch_ops_than_the_peer(
     t[3] = -100
     with torch_impl.set_validate_indices(False), torch_impl.kernels("triton"), _Ops() as ops:
         SOFTMAX[name](x, t, reduction=reduction, **options).backward()
-    # the row kernel, the reduction, and backward's scale (half precision: its recomputation)
-    backward = "_scale_rows_kernel" if dtype == torch.float32 else "_softmax_index_kernel"
-    assert launches.names == ["_softmax_index_kernel", "_reduce_kernel", backward]
+    # the row kernel (the focal loss with smoothing: the dense-mass one), the reduction, and
+    # backward's scale (half precision: its recomputation)
+    smoothed_focal = name == "softmax_focal_loss" and "label_smoothing" in options
+    row = "_softmax_dense_kernel" if smoothed_focal else "_softmax_index_kernel"
+    backward = "_scale_rows_kernel" if dtype == torch.float32 else row
+    assert launches.names == [row, "_reduce_kernel", backward]
     x.grad = None
     with _Ops() as peer:
         torch.nn.functional.cross_entropy(x, t, reduction=reduction).backward()
@@ -736,8 +745,11 @@ def test_the_fused_linear_kernel_path_agrees_with_the_eager_blocks(dtype, reduct
             torch.testing.assert_close(got, expected, rtol=16 * eps, atol=16 * eps * scale)
         assert results["eager"][1] == []
         # 3 blocks of at most 4 rows: one launch each in forward ('none': and in backward's
-        # recomputation with the per-row gradient)
-        assert results["triton"][1] == ["_softmax_index_kernel"] * (3 if reduction == "mean" else 6)
+        # recomputation with the per-row gradient); the focal loss with smoothing: the
+        # dense-mass row kernel
+        smoothed_focal = fn is torch_impl.linear_softmax_focal_loss and "label_smoothing" in options
+        row = "_softmax_dense_kernel" if smoothed_focal else "_softmax_index_kernel"
+        assert results["triton"][1] == [row] * (3 if reduction == "mean" else 6)
 
 
 def test_a_zero_dim_alpha_tensor_gives_the_eager_result_on_the_kernel_path():

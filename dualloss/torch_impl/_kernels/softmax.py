@@ -27,10 +27,8 @@ A = sum_j a_j from pass 1's sums of the weights; the loss
 (``spec._softmax_focal_terms`` with gamma 0; every term >= 0, 0 log 0 = 0), its last sum read in
 pass 2 (or a pass of its own when no gradient is asked), which writes A p_j - a_j, and at the top
 p_top sum_{j != top} a_j - (1 - p_top) a_top (no p - 1 there). The focal loss with smoothing
-(gamma > 0) has a focal term at every class (``spec._softmax_focal_terms`` with the dense mass a):
-pass 2 sums the loss, S = sum_j v_j and the sum of the others of the largest v
-(``spec._sum_except_self``, online as pass 1's top), pass 3 writes p_j (S - v_j) - (1 - p_j) v_j;
-still one launch.
+(gamma > 0) has a focal term at every class (``spec._softmax_focal_terms`` with the dense mass
+a): it is the probability-target kernel's (below), its mass formed from y; still one launch.
 
 Arithmetic in float32 for half inputs, float64 for float64. On CUDA ``exp``/``log``/``log1p`` are
 libdevice's (correctly rounded to within an ULP) rather than the fast approximations; under the
@@ -86,7 +84,7 @@ def _softmax_index_kernel(
     NEEDS_GRAD: tl.constexpr,
     FOCAL: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_DIVISOR: tl.constexpr,
     STORE_LOSS: tl.constexpr, Z_LOSS: tl.constexpr, CAP: tl.constexpr,
-    HAS_WHERE: tl.constexpr, SMOOTHED: tl.constexpr, SMOOTH: tl.constexpr, DENSE: tl.constexpr,
+    HAS_WHERE: tl.constexpr, SMOOTH: tl.constexpr,
     SECOND_PASS: tl.constexpr,
     ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
@@ -108,7 +106,7 @@ def _softmax_index_kernel(
     top = tl.full((), 0, tl.int64)
     s = tl.full((), 0.0, ACC)
     has_nan = tl.full((), 0, tl.int32)
-    if SMOOTHED:
+    if SMOOTH:
         num_valid = tl.full((), 0, tl.int32)
         w_valid = tl.full((), 0.0, ACC)
         w_valid_not_y = tl.full((), 0.0, ACC)
@@ -127,7 +125,7 @@ def _softmax_index_kernel(
         if CAP:
             # soft-capping: the row is that of c = softcap tanh(z / softcap)
             z = _softcap(z, softcap, EXACT)
-        if SMOOTHED:
+        if SMOOTH:
             num_valid += tl.sum(valid.to(tl.int32), 0)
             if HAS_W:
                 w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
@@ -299,97 +297,6 @@ def _softmax_index_kernel(
                     grad = tl.where(keep, grad, 0.0)
                 tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
 
-    if DENSE:
-        # the focal loss with smoothing: a focal term at every class, a_j = w_j ((1 - eps)
-        # [j == y] + eps / K [j inside `where`]); pass 2 sums the loss, S = sum_j v_j and the
-        # others' sum of the largest v (``spec._sum_except_self``), pass 3 writes the gradient
-        # p_j (S - v_j) - (1 - p_j) v_j
-        eps_k = tl.where(keep, smoothing / tl.maximum(num_valid, 1).to(ACC), 0.0)
-        hot = (1.0 - smoothing) * w_y
-        is_normal = s >= tiny
-        log_s = tl.where(is_normal, _log(tl.where(is_normal, s, 1.0), EXACT), -inf)
-        total = tl.full((), 0.0, ACC)
-        big_v = tl.full((), -1.0, ACC)
-        big = tl.full((), 0, tl.int64)
-        rest_of_big = tl.full((), 0.0, ACC)
-        loss = tl.full((), 0.0, ACC)
-        for start in range(0, C, BLOCK):
-            j = start + cols
-            inside = j < C
-            z = tl.load(z_ptr + base + j.to(tl.int64) * stride_c, mask=inside, other=-inf)
-            z = z.to(ACC)
-            if HAS_WHERE:
-                at = mbase + j.to(tl.int64) * stride_mc
-                valid = inside & (tl.load(m_ptr + at, mask=inside, other=0) != 0)
-                z = tl.where(valid, z, -inf)
-            else:
-                valid = inside
-            if CAP:
-                z = _softcap(z, softcap, EXACT)
-            if HAS_W:
-                w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
-            else:
-                w_j = valid.to(ACC)
-            a_j = tl.where(j == y, hot, 0.0) + eps_k * w_j
-            log_p_j, _, _, focal_weight_j, v_j = _focal_terms(
-                z, j == top, z_top, s, log_s, log1p_s, a_j, gamma, eps, EXACT
-            )
-            # 0 log 0 = 0: a class with no target mass contributes nothing, also at -inf
-            loss += tl.sum(tl.where(a_j == 0.0, 0.0, -(a_j * focal_weight_j * log_p_j)), 0)
-            total += tl.sum(v_j, 0)
-            # the largest v (the first on ties) and the sum of the others, online (v >= 0)
-            block_big = tl.max(v_j, 0)
-            block_at = tl.min(tl.where(v_j == block_big, j, C), 0)
-            block_rest = tl.sum(tl.where(j == block_at, 0.0, v_j), 0)
-            new_big = block_big > big_v
-            rest_of_big += tl.where(new_big, tl.maximum(big_v, 0.0) + block_rest, tl.sum(v_j, 0))
-            big = tl.where(new_big, block_at.to(tl.int64), big)
-            big_v = tl.where(new_big, block_big, big_v)
-        # NaN where a NaN or +inf logit made the row NaN (0 log 0 kept it out of the sum)
-        loss = loss + 0.0 * log1p_s
-        if NEEDS_GRAD:
-            if HAS_SCALE:
-                scale = tl.load(scale_ptr + row * scale_stride).to(ACC)
-                if HAS_DIVISOR:
-                    scale = scale / tl.load(divisor_ptr).to(ACC)
-            if Z_LOSS:
-                # the z-loss's 2 z_loss lse p_j
-                dense_z = 2.0 * z_loss * (z_top + log1p_s)
-            else:
-                dense_z = 0.0
-            for start in range(0, C, BLOCK):
-                j = start + cols
-                inside = j < C
-                offsets = base + j.to(tl.int64) * stride_c
-                z = tl.load(z_ptr + offsets, mask=inside, other=-inf).to(ACC)
-                if HAS_WHERE:
-                    at = mbase + j.to(tl.int64) * stride_mc
-                    valid = inside & (tl.load(m_ptr + at, mask=inside, other=0) != 0)
-                    z = tl.where(valid, z, -inf)
-                else:
-                    valid = inside
-                if CAP:
-                    c = _softcap(z, softcap, EXACT)
-                else:
-                    c = z
-                if HAS_W:
-                    w_j = tl.load(w_ptr + j, mask=valid, other=0.0).to(ACC)
-                else:
-                    w_j = valid.to(ACC)
-                a_j = tl.where(j == y, hot, 0.0) + eps_k * w_j
-                _, p_j, not_p_j, _, v_j = _focal_terms(
-                    c, j == top, z_top, s, log_s, log1p_s, a_j, gamma, eps, EXACT
-                )
-                # S - v_j, summed apart for the largest v (the only one that can be most of S)
-                others = tl.where(j == big, rest_of_big, total - v_j)
-                grad = p_j * (others + dense_z) - not_p_j * v_j
-                grad = tl.where(log1p_s != log1p_s, float("nan"), grad)
-                if HAS_SCALE:
-                    grad = grad * scale
-                if CAP:
-                    grad = grad * _dcap(z, softcap, EXACT)
-                grad = tl.where(keep & valid, grad, 0.0)
-                tl.store(grad_ptr + offsets, grad.to(grad_ptr.dtype.element_ty), mask=inside)
     if SMOOTH:
         # -sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + sum_j eps_k w_j
         # (c_top - c_j): every term >= 0; 0 log 0 = 0 where y has no mass of its own
@@ -502,15 +409,20 @@ def _launch(
     """The row kernel: per-element losses into `loss` (None: not stored), their counts into
     `loss` from `count_at` on (0: none), the gradient (times `scale` / `divisor` where given)
     into `grad` (None: not computed); with the z-loss `z_loss`, the cap `softcap`, the class
-    mask `where` and the smoothing `label_smoothing` (gamma 0 only)."""
+    mask `where` and the smoothing `label_smoothing` (with gamma > 0: the dense-mass kernel)."""
+    smoothed, focal = label_smoothing != 0.0, gamma != 0.0
+    if smoothed and focal:
+        # the focal loss with smoothing has a focal term at every class: the dense-mass kernel,
+        # its mass a_j = w_j ((1 - eps) [j == y] + eps / K) formed from y
+        _dense_launch(
+            z, y, w, where, axis, gamma, label_smoothing, loss, count_at, grad, scale, divisor,
+            z_loss, softcap, ignore_index, weighted_count,
+        )  # fmt: skip
+        return
     rows, c, d, stride_n, stride_c, stride_d = _rows(z, axis)
     if rows == 0:
         return
     mask, mask_strides = _mask_rows(where, z.shape, axis)
-    # label smoothing: the cross entropy's closed form (gamma 0) in the usual two passes; the
-    # focal loss (gamma > 0) a focal term at every class, in two passes after the first (dense)
-    smoothed, focal = label_smoothing != 0.0, gamma != 0.0
-    dense = smoothed and focal
     block, warps = _block(c)
     # the kernel reads w[y] at w + y: an expanded class weight (a 0-dim `alpha` tensor
     # broadcast to (C,), stride 0) laid out as C numbers first
@@ -531,8 +443,7 @@ def _launch(
         NEEDS_GRAD=grad is not None, FOCAL=focal, HAS_SCALE=scale is not None,
         HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
         Z_LOSS=z_loss != 0.0, CAP=softcap is not None,
-        HAS_WHERE=mask is not None, SMOOTHED=smoothed, SMOOTH=smoothed and not focal,
-        DENSE=smoothed and focal, SECOND_PASS=(grad is not None or smoothed) and not dense,
+        HAS_WHERE=mask is not None, SMOOTH=smoothed, SECOND_PASS=grad is not None or smoothed,
         ACC=_acc(z.dtype), BLOCK=block, EXACT=_EXACT, num_warps=warps,
     )  # fmt: skip
 
@@ -670,11 +581,15 @@ def _(g, axis, scale, divisor):
 
 
 @triton.jit
-def _dense_mass(t_ptr, w_ptr, offsets, j, inside, valid, smoothing, uniform,
-                HAS_W: tl.constexpr, SMOOTH: tl.constexpr, ACC: tl.constexpr):  # fmt: skip
-    """a_c = w_c t~_c of a block of classes: the target on the classes inside `where`, smoothed
-    as (1 - eps) t + eps / K."""
-    a = tl.load(t_ptr + offsets, mask=inside, other=0.0).to(ACC)
+def _dense_mass(t_ptr, w_ptr, offsets, j, y, inside, valid, smoothing, uniform,
+                HAS_W: tl.constexpr, SMOOTH: tl.constexpr, INDEX: tl.constexpr,
+                ACC: tl.constexpr):  # fmt: skip
+    """a_c = w_c t~_c of a block of classes: the target on the classes inside `where` (with
+    class-index targets the one-hot [c == y]), smoothed as (1 - eps) t + eps / K."""
+    if INDEX:
+        a = (j == y).to(ACC)
+    else:
+        a = tl.load(t_ptr + offsets, mask=inside, other=0.0).to(ACC)
     if SMOOTH:
         a = (1.0 - smoothing) * a + uniform
     a = tl.where(valid, a, 0.0)
@@ -711,8 +626,9 @@ def _dense_terms(c, a, is_top, z_top, s, log1p_s, log_s, gamma, eps,
 def _softmax_dense_kernel(
     z_ptr, t_ptr, w_ptr, m_ptr, loss_ptr, count_at, grad_ptr, scale_ptr, scale_stride,
     divisor_ptr, C, D, stride_n, stride_c, stride_d, m_stride_n, m_stride_c, m_stride_d,
-    gamma, smoothing, tiny, eps, z_loss, softcap,
+    gamma, smoothing, tiny, eps, z_loss, softcap, ignore_index,
     HAS_W: tl.constexpr, HAS_M: tl.constexpr, SMOOTH: tl.constexpr, FOCAL: tl.constexpr,
+    INDEX: tl.constexpr, WEIGHTED_COUNT: tl.constexpr,
     COUNT: tl.constexpr, NEEDS_GRAD: tl.constexpr, HAS_SCALE: tl.constexpr,
     HAS_DIVISOR: tl.constexpr, STORE_LOSS: tl.constexpr, Z_LOSS: tl.constexpr,
     CAP: tl.constexpr, ACC: tl.constexpr, BLOCK: tl.constexpr, EXACT: tl.constexpr,
@@ -725,7 +641,10 @@ def _softmax_dense_kernel(
     the sum of the others' (``spec._sum_except_self``), and the loss -sum a (1 - p)^gamma log p,
     terms of one sign. Pass 3 writes the gradient p_j sum_{c != j} v_c - (1 - p_j) v_j, plus
     2 z_loss lse p_j, through the cap. A row with no class inside `where` is left out (0, no
-    gradient)."""
+    gradient). With `INDEX` the targets are class indices (t_ptr: one per row): the mass is
+    w_c ((1 - eps) [c == y] + eps / K) (the focal loss with label smoothing), and an ignored
+    target or one outside `where` leaves its row out; the count of the mean is then w_y with
+    `WEIGHTED_COUNT` (torch's weighted mean)."""
     row = tl.program_id(0).to(tl.int64)
     n = row // D
     d = row - n * D
@@ -768,12 +687,23 @@ def _softmax_dense_kernel(
     else:
         keep = C > 0
         num_valid = C
+    y = 0
+    if INDEX:
+        # an ignored target, or one outside `where`, leaves its row out (no mass, no gradient)
+        y = tl.load(t_ptr + row)
+        keep = keep & (y != ignore_index)
+        y = tl.where(keep, y, 0)
+        if HAS_M:
+            keep = keep & (tl.load(m_ptr + m_base + y * m_stride_c) != 0)
+        if WEIGHTED_COUNT:
+            w_y = tl.load(w_ptr + y).to(ACC)
+        y = tl.where(keep, y, -1)
     # a NaN or +inf logit (or a row of -inf) gives NaN, never a number
     log1p_s = _log1p(s, EXACT) + 0.0 * z_top
     log1p_s = tl.where(has_nan != 0, float("nan"), log1p_s)
     is_normal = s >= tiny
     log_s = tl.where(is_normal, _log(tl.where(is_normal, s, 1.0), EXACT), -inf)
-    uniform = smoothing / tl.maximum(num_valid, 1).to(ACC)
+    uniform = tl.where(keep, smoothing / tl.maximum(num_valid, 1).to(ACC), 0.0)
 
     # pass 2: V = sum v, the largest v and the others' sum, and the loss
     total = tl.full((), 0.0, ACC)
@@ -794,8 +724,8 @@ def _softmax_dense_kernel(
             c = tl.where(valid, c, -inf)
         else:
             valid = inside
-        a = _dense_mass(t_ptr, w_ptr, offsets, j, inside, valid, smoothing, uniform,
-                        HAS_W, SMOOTH, ACC)  # fmt: skip
+        a = _dense_mass(t_ptr, w_ptr, offsets, j, y, inside, valid, smoothing, uniform,
+                        HAS_W, SMOOTH, INDEX, ACC)  # fmt: skip
         _, _, v, term = _dense_terms(c, a, j == top, z_top, s, log1p_s, log_s, gamma, eps,
                                      FOCAL, EXACT)  # fmt: skip
         block_big = tl.max(v, 0)
@@ -818,7 +748,10 @@ def _softmax_dense_kernel(
     if STORE_LOSS:
         tl.store(loss_ptr + row, tl.where(keep, loss, 0.0).to(loss_ptr.dtype.element_ty))
     if COUNT:
-        tl.store(loss_ptr + count_at + row, keep.to(ACC))
+        if WEIGHTED_COUNT:
+            tl.store(loss_ptr + count_at + row, tl.where(keep, w_y, 0.0))
+        else:
+            tl.store(loss_ptr + count_at + row, keep.to(ACC))
 
     if NEEDS_GRAD:
         # pass 3: p_j sum_{c != j} v_c - (1 - p_j) v_j (+ 2 z_loss lse p_j); masked classes and
@@ -843,8 +776,8 @@ def _softmax_dense_kernel(
                 c = tl.where(valid, c, -inf)
             else:
                 valid = inside
-            a = _dense_mass(t_ptr, w_ptr, offsets, j, inside, valid, smoothing, uniform,
-                            HAS_W, SMOOTH, ACC)  # fmt: skip
+            a = _dense_mass(t_ptr, w_ptr, offsets, j, y, inside, valid, smoothing, uniform,
+                            HAS_W, SMOOTH, INDEX, ACC)  # fmt: skip
             p, not_p, v, _ = _dense_terms(c, a, j == top, z_top, s, log1p_s, log_s, gamma, eps,
                                           FOCAL, EXACT)  # fmt: skip
             others = tl.where(j == big_at, rest, total - v)
@@ -861,11 +794,13 @@ def _softmax_dense_kernel(
 
 def _dense_launch(
     z, t, w, where, axis, gamma, label_smoothing, loss, count_at, grad, scale=None,
-    divisor=None, z_loss=0.0, softcap=None,
+    divisor=None, z_loss=0.0, softcap=None, ignore_index=-100, weighted_count=False,
 ):  # fmt: skip
     """The dense-mass row kernel: the per-element losses into `loss` (None: not stored), the
-    kept rows' counts from `count_at` on (0: none), the gradient (times `scale` / `divisor`)
-    into `grad` (None: not computed)."""
+    kept rows' counts from `count_at` on (0: none; their class weights with
+    `weighted_count`), the gradient (times `scale` / `divisor`) into `grad` (None: not
+    computed). `t`: probability targets of z's shape, or int64 class indices (z's shape without
+    the class axis; `ignore_index` left out), whose one-hot mass is smoothed."""
     rows, c, d, stride_n, stride_c, stride_d = _rows(z, axis)
     if rows == 0:
         return
@@ -883,9 +818,10 @@ def _dense_launch(
         divisor if divisor is not None else anything,
         c, d, stride_n, stride_c, stride_d, m_stride_n, m_stride_c, m_stride_d,
         float(gamma), float(label_smoothing), info.tiny, info.eps, float(z_loss),
-        1.0 if softcap is None else float(softcap),
+        1.0 if softcap is None else float(softcap), int(ignore_index),
         HAS_W=w is not None, HAS_M=m is not None, SMOOTH=label_smoothing != 0.0,
-        FOCAL=gamma != 0.0, COUNT=count_at > 0, NEEDS_GRAD=grad is not None,
+        FOCAL=gamma != 0.0, INDEX=not t.is_floating_point(), WEIGHTED_COUNT=weighted_count,
+        COUNT=count_at > 0, NEEDS_GRAD=grad is not None,
         HAS_SCALE=scale is not None,
         HAS_DIVISOR=divisor is not None, STORE_LOSS=loss is not None,
         Z_LOSS=z_loss != 0.0, CAP=softcap is not None,
