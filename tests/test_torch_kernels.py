@@ -995,3 +995,39 @@ def test_the_probability_target_kernel_reads_broadcast_masks_in_any_layout(monke
         torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-13, atol=0.0)
         torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-13, atol=1e-300)
     assert launches.names.count("_softmax_dense_kernel") == 2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_row_spanning_more_than_the_largest_number_keeps_its_finite_loss(dtype, monkeypatch):
+    """Logits +-0.9 times the dtype's largest number in one row: c - c_top overflows, the loss
+    (0.25 (c_top - c) and the like) does not; each kernel, each loss, probability targets and
+    weighted class-index targets (with and without smoothing), judged against the spec."""
+    launches = _Launches(monkeypatch)
+    far = 0.9 * torch.finfo(getattr(torch, dtype)).max
+    x = torch.tensor([[far, -far, 0.0, 1.0], [1.0, 2.0, -far, far]], dtype=torch.float64)
+    x = x.to(getattr(torch, dtype))
+    soft = torch.tensor([[0.5, 0.25, 0.25, 0.0], [0.0, 0.5, 0.25, 0.25]], dtype=x.dtype)
+    y = torch.tensor([1, 2])
+    quarter = torch.full((4,), 0.25)
+    cases = [
+        ("softmax_cross_entropy", soft, {}),
+        ("softmax_focal_loss", soft, {"gamma": 2.0}),
+        ("softmax_cross_entropy", y, {"weight": quarter}),
+        ("softmax_cross_entropy", y, {"weight": quarter, "label_smoothing": 0.1}),
+        ("softmax_focal_loss", y, {"gamma": 0.5, "alpha": quarter}),
+        ("softmax_focal_loss", y, {"gamma": 2.0, "alpha": quarter, "label_smoothing": 0.1}),
+    ]
+    for name, t, options in cases:
+        xm = x.clone().requires_grad_()
+        with torch_impl.kernels("triton"):
+            loss = SOFTMAX[name](xm, t, reduction="none", **options)
+        loss.sum().backward()
+        spec_options = {k: v.double().numpy() if isinstance(v, torch.Tensor) else v
+                        for k, v in options.items()}  # fmt: skip
+        parity.assert_matches_spec(
+            name, x.double().numpy(), t.double().numpy() if t.is_floating_point() else t.numpy(),
+            dict(spec_options, axis=1, reduction="none"), dtype,
+            loss.detach().double().numpy(), xm.grad.double().numpy(),
+            context=f"triton {name}({ {k: _short(v) for k, v in options.items()} })",
+        )  # fmt: skip
+    assert "_softmax_index_kernel" in launches.names and "_softmax_dense_kernel" in launches.names

@@ -50,6 +50,16 @@ from ._common import _EXACT, _acc, _dcap, _exp, _log, _log1p, _reduce_kernel, _s
 
 
 @triton.jit
+def _times_gap(a, top, c):
+    """a (c_top - c) for a mass a >= 0: where the difference overflows though both logits are
+    finite (a row spanning more than the dtype's largest number, c_top > 0 > c), a c_top - a c,
+    two terms of one sign, finite wherever the product is."""
+    gap = top - c
+    far = (gap == float("inf")) & (c != -float("inf"))
+    return tl.where(far, a * top - a * c, a * gap)
+
+
+@triton.jit
 def _focal_terms(c, is_top, z_top, s, log_s, log1p_s, a, gamma, eps, EXACT: tl.constexpr):
     """The focal terms of a block of classes with target mass `a` (``spec._softmax_focal_terms``):
     log p, (1 - p)^gamma and v = a (1 - p)^gamma (1 - gamma phi(p)), from the row's c_top, s,
@@ -210,6 +220,9 @@ def _softmax_index_kernel(
         v = a_y
     # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
     loss = -(weighted * tl.where((a_y == 0.0) & (log_p == -inf), 0.0, log_p))
+    # z_y - z_top overflowed though both are finite: weighted (z_top - z_y) + weighted log1p(s)
+    far = (log_p == -inf) & (z_y != -inf)
+    loss = tl.where(far, _times_gap(weighted, z_top, z_y) + weighted * log1p_s, loss)
     if Z_LOSS:
         # z-loss: z_loss lse^2, logsumexp(c) = c_top + log1p(s)
         lse = z_top + log1p_s
@@ -276,8 +289,8 @@ def _softmax_index_kernel(
                 m_j = eps_k * w_j
                 # 0 log 0 = 0: a class without mass adds nothing, also at a logit of -inf
                 has_mass = m_j != 0.0
-                shifted = z_top - tl.where(has_mass, c, 0.0)
-                spread += tl.sum(tl.where(has_mass, m_j * shifted, 0.0), 0)
+                shifted = _times_gap(m_j, z_top, tl.where(has_mass, c, 0.0))
+                spread += tl.sum(tl.where(has_mass, shifted, 0.0), 0)
             if NEEDS_GRAD:
                 if SMOOTH:
                     grad = _exp(c - z_top, EXACT) * v_over - m_j
@@ -300,7 +313,7 @@ def _softmax_index_kernel(
     if SMOOTH:
         # -sum_j a_j log p_j = A log1p(s) + (1 - eps) w_y (c_top - c_y) + sum_j eps_k w_j
         # (c_top - c_j): every term >= 0; 0 log 0 = 0 where y has no mass of its own
-        hot_term = tl.where(hot == 0.0, 0.0, hot * (z_top - z_y))
+        hot_term = tl.where(hot == 0.0, 0.0, _times_gap(hot, z_top, z_y))
         loss = mass * log1p_s + hot_term + spread
     if Z_LOSS:
         loss = loss + z_loss * lse * lse
@@ -619,6 +632,9 @@ def _dense_terms(c, a, is_top, z_top, s, log1p_s, log_s, gamma, eps,
     # 0 log 0 = 0: a class with no mass adds nothing, also at a logit of -inf (0 log1p(s): NaN
     # where the row is NaN)
     term = tl.where(a == 0.0, 0.0 * log1p_s, weighted * log_p)
+    # c - c_top overflowed though both are finite: -(weighted (c_top - c) + weighted log1p(s))
+    far = (log_p == -float("inf")) & (c != -float("inf"))
+    term = tl.where(far, -(_times_gap(weighted, z_top, c) + weighted * log1p_s), term)
     return p, not_p, v, term
 
 
