@@ -66,10 +66,12 @@ def test_vmap_over_gamma_equals_a_loop():
     gammas = jnp.asarray([0.0, 0.5, 2.0, 3.3])
     for name, targets in [("softmax_focal_loss", INDEX), ("sigmoid_focal_loss", BINARY)]:
         fn = getattr(jax_impl, name)
-        got = jax.vmap(lambda g, fn=fn, t=targets: fn(Z, t, gamma=g, alpha=0.25))(gammas)
+        # jitted, as a vmap over a hyper-parameter runs in training (one compile, not an eager
+        # trace of every op per call)
+        got = jax.jit(jax.vmap(lambda g, fn=fn, t=targets: fn(Z, t, gamma=g, alpha=0.25)))(gammas)
         want = [fn(Z, targets, gamma=float(g), alpha=0.25) for g in gammas]
         np.testing.assert_allclose(got, want, rtol=1e-6)
-        grads = jax.vmap(jax.grad(lambda g, fn=fn, t=targets: fn(Z, t, gamma=g)))(gammas)
+        grads = jax.jit(jax.vmap(jax.grad(lambda g, fn=fn, t=targets: fn(Z, t, gamma=g))))(gammas)
         assert bool(jnp.all(jnp.isfinite(grads)))
 
 
@@ -120,6 +122,8 @@ def test_check_grads_order_2_wrt_logits_and_targets(name):
             jnp.asarray(PROB if info.is_softmax else RNG.uniform(size=(4, 5))), 0.05, 0.95
         )
 
+        # jitted: check_grads calls it (and its jvp, vjp and their transposes) many times
+        @jax.jit
         def f(z, t):
             return getattr(jax_impl, name)(z, t, **options)
 

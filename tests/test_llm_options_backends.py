@@ -100,6 +100,8 @@ def _torch_run(loss, logits, targets, options, dtype):
     return spec_z, spec_t, spec_options, value.detach().double().numpy(), z.grad.double().numpy()
 
 
+# every pair of values of any two parameters, and every loss with every head (--full: all)
+@pytest.mark.exhaustive(cover=("loss", "head"))
 @pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 @pytest.mark.parametrize("kind", ["index", "prob"])
@@ -156,6 +158,8 @@ def _jax_run(loss, logits, targets, options, dtype):
         return seen(x), spec_t, spec_options, seen(value), seen(grad)
 
 
+# every pair of values of any two parameters, and every loss with every head (--full: all)
+@pytest.mark.exhaustive(cover=("loss", "head"))
 @pytest.mark.parametrize("dtype", JAX_DTYPES)
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 @pytest.mark.parametrize("kind", ["index", "prob"])
@@ -397,6 +401,8 @@ LINEAR_HEAD = [
 LINEAR_REGIONS = ("typical", "huge_norms", "ignored", "confident", "half_overflow")
 
 
+# every pair of values of any two parameters (--full: all)
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -470,6 +476,8 @@ def _aux_tolerance(name, expected, c_max, n, z_loss, dtype, cap):
     return tol
 
 
+# every pair of values of any two parameters (--full: all)
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
 @pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
 @pytest.mark.parametrize("kind", ["index", "prob"])

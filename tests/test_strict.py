@@ -133,6 +133,8 @@ def _mixed_confidence_rows(n_classes: int, dtype: str):
     return B.round_to(np.asarray(rows), dtype), np.asarray(targets)
 
 
+# every backend at every class count, every pair of the other values (--full: all)
+@pytest.mark.exhaustive(cover=("backend", "n_classes"))
 @pytest.mark.parametrize("n_classes", [3, 32, 33, 1000])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 @pytest.mark.parametrize(

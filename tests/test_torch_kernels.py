@@ -37,8 +37,6 @@ SOFTMAX = {
 
 def _triton(fn, **options):
     def candidate(x, t):
-        if fn in SOFTMAX.values() and t.is_floating_point():
-            raise ValueError("this candidate judges the class-index kernel only")
         with torch_impl.kernels("triton"):
             return fn(x, t, **options)
 
@@ -105,31 +103,73 @@ class _Ops(TorchDispatchMode):
 # ----------------------------------------------------------------------------------------------
 
 
+_REPEATS_FOCAL_AND_HEAD = (
+    "its focal term is the gamma-0.5 row's and its head options the cross entropy's head row; "
+    "the focal loss with z_loss and softcap is judged at every corner of "
+    "test_where_and_label_smoothing_on_the_kernel_meet_the_strict_standard in 3 dtypes"
+)
+_REPEATS_DENSE_FOCAL = (
+    "the dense kernel's passes are judged over the oracle's regions by the cross entropy row, "
+    "its focal terms at every corner of test_where_and_label_smoothing_on_the_kernel_meet_the_"
+    "strict_standard (3 dtypes), and against the eager path (itself judged strict) with "
+    "probability targets in 4 dtypes by test_the_probability_target_kernel_agrees_with_the_"
+    "eager_path_and_torch; 132 s under the interpreter"
+)
+
+
 @pytest.mark.parametrize(
-    "name, options, dtypes",
+    "kernel, name, options, dtypes",
     [
-        ("softmax_cross_entropy", {}, ("float32", "bfloat16")),
-        ("softmax_focal_loss", {"gamma": 0.5}, ("float64", "float16")),
+        ("index", "softmax_cross_entropy", {}, ("float32", "bfloat16")),
+        # float16: backward's recomputation (float64 with `where`: the corners test below)
+        ("index", "softmax_focal_loss", {"gamma": 0.5}, ("float16",)),
         # the LLM head options (DESIGN 13) in the kernel's own passes
-        ("softmax_cross_entropy", {"z_loss": 1e-3, "softcap": 15.0}, ("float32",)),
-        ("softmax_focal_loss", {"gamma": 2.0, "z_loss": 0.5, "softcap": 0.5}, ("bfloat16",)),
+        ("index", "softmax_cross_entropy", {"z_loss": 1e-3, "softcap": 15.0}, ("float32",)),
+        pytest.param(
+            "index",
+            "softmax_focal_loss",
+            {"gamma": 2.0, "z_loss": 0.5, "softcap": 0.5},
+            ("bfloat16",),
+            marks=pytest.mark.on_demand(_REPEATS_FOCAL_AND_HEAD),
+        ),  # fmt: skip
+        # probability targets: the dense-mass kernel
+        (
+            "dense",
+            "softmax_cross_entropy",
+            {"label_smoothing": 0.2, "z_loss": 1e-3, "softcap": 15.0},
+            ("float32",),
+        ),  # fmt: skip
+        pytest.param(
+            "dense",
+            "softmax_focal_loss",
+            {"gamma": 0.5},
+            ("float32",),
+            marks=pytest.mark.on_demand(_REPEATS_DENSE_FOCAL),
+        ),  # fmt: skip
     ],
 )
-def test_the_kernels_meet_the_strict_standard(name, options, dtypes, monkeypatch):
+def test_the_kernels_meet_the_strict_standard(kernel, name, options, dtypes, monkeypatch):
+    """The oracle's regions on each row kernel: the class-index one (the oracle's probability
+    targets refused, judged on the dense one), and the dense-mass one (class indices refused;
+    targets that need a gradient take the eager form, judged with the eager path)."""
     launches = _Launches(monkeypatch)
+    dense = kernel == "dense"
+    fn = SOFTMAX[name]
+
+    def candidate(x, t):
+        if t.is_floating_point() != dense:
+            raise ValueError(f"this candidate judges the {kernel} kernel only")
+        with torch_impl.kernels("triton"):
+            return fn(x, t, **options)
+
     report = parity.check(
-        _triton(SOFTMAX[name], **options),
-        name,
-        backend="torch",
-        options=options,
-        standard="strict",
-        dtypes=dtypes,
-        max_examples=3,
-        # probability targets: the dense kernel's own tests below; the oracle reports them
-        # unsupported from the candidate's refusal above
-    )
+        candidate, name, backend="torch", options=options, standard="strict", dtypes=dtypes,
+        max_examples=3, grads="logits" if dense else "all",
+    )  # fmt: skip
     report.assert_ok()
-    assert "_softmax_index_kernel" in launches.names
+    assert f"_softmax_{kernel}_kernel" in launches.names
+    other = "_softmax_index_kernel" if dense else "_softmax_dense_kernel"
+    assert other not in launches.names
 
 
 def _masked_corners(dtype):
@@ -802,47 +842,6 @@ def test_a_normalizer_gives_the_eager_result_on_the_kernel_path(dtype):
 # ----------------------------------------------------------------------------------------------
 # Probability targets: the dense-mass kernel (the cross entropy and the focal loss)
 # ----------------------------------------------------------------------------------------------
-
-
-def _dense_triton(fn, **options):
-    def candidate(x, t):
-        if not t.is_floating_point():
-            raise ValueError("this candidate judges the probability-target kernel only")
-        with torch_impl.kernels("triton"):
-            return fn(x, t, **options)
-
-    return candidate
-
-
-@pytest.mark.parametrize(
-    "name, options, dtypes",
-    [
-        ("softmax_focal_loss", {"gamma": 0.5}, ("float32",)),
-        (
-            "softmax_cross_entropy",
-            {"label_smoothing": 0.2, "z_loss": 1e-3, "softcap": 15.0},
-            ("float32",),
-        ),
-    ],
-)
-def test_the_probability_target_kernel_meets_the_strict_standard(
-    name, options, dtypes, monkeypatch
-):
-    launches = _Launches(monkeypatch)
-    report = parity.check(
-        _dense_triton(SOFTMAX[name], **options),
-        name,
-        backend="torch",
-        options=options,
-        standard="strict",
-        dtypes=dtypes,
-        max_examples=3,
-        # targets that need a gradient take the eager form (judged with the eager path)
-        grads="logits",
-    )
-    report.assert_ok()
-    assert "_softmax_dense_kernel" in launches.names
-    assert "_softmax_index_kernel" not in launches.names
 
 
 def _soft_targets(gen, shape, dtype):
