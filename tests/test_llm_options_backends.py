@@ -381,7 +381,8 @@ def test_axis_name_takes_the_options_on_one_device(loss, head):
         return getattr(ji, loss)(x, t, axis_name="vocab", **head)
 
     g = jax.shard_map(f, mesh=mesh, in_specs=(P(None, "vocab"), P()), out_specs=P())
-    value, grad = jax.value_and_grad(g)(logits, targets)
+    # under jit, as shard_map runs in training (eager, every op is dispatched on its own)
+    value, grad = jax.jit(jax.value_and_grad(g))(logits, targets)
     assert_matches_spec(
         loss, logits.astype(np.float64), targets, head, "float32", np.asarray(value, np.float64),
         np.asarray(grad, np.float64), context=f"jax_impl.{loss}({head}, axis_name)",

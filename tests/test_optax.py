@@ -20,15 +20,20 @@ RTOL = 2e-6
 
 
 def _both(name, *args, **kwargs):
-    """(ours, optax's) values and gradients of the summed loss w.r.t. the logits."""
+    """(ours, optax's) values and gradients of the summed loss w.r.t. the logits, under jit as
+    in training (eager JAX dispatches each op on its own: seconds per call; eager calls agree
+    with jitted ones in tests/test_jax_transforms.py)."""
     out = []
     for module in (doptax, optax):
         fn = getattr(module, name)
 
+        def value(x, fn=fn):
+            return fn(x, *args[1:], **kwargs)
+
         def total(x, fn=fn):
             return fn(x, *args[1:], **kwargs).sum()
 
-        out.append((fn(*args, **kwargs), jax.grad(total)(args[0])))
+        out.append((jax.jit(value)(args[0]), jax.jit(jax.grad(total))(args[0])))
     return out
 
 
