@@ -78,6 +78,31 @@ def _log_not_p(p, is_top, s, log_s, log1p_s):
     return torch.where(from_s, log_s - log1p_s, torch.log1p(-torch.where(from_s, 0.0, p)))
 
 
+def _minus_log_p_times(weighted, log_p, z, z_top, log_norm, zero):
+    """-weighted log p, log p = (z - z_top) - log_norm (log_norm >= 0, log1p(s) or its like), 0
+    where `zero` (0 log 0 = 0: no target mass at a class whose logit is -inf).
+
+    Logits that span more than the dtype's largest number (z_top > 0 > z, both finite) make
+    z - z_top overflow to -inf though the loss may be finite: there
+    -weighted log p = weighted z_top - weighted z + weighted log_norm, a sum of terms of one sign
+    (no cancellation, a few ULP; inf only where the loss itself is beyond the largest number).
+    Elsewhere the product as before, with its own rounding. Double wheres: d/dweighted stays
+    finite (a -inf log p or a -inf logit is never multiplied by the 0 of an unselected branch).
+    """
+    # z - z_top overflowed though z is finite (a +inf or NaN logit makes the row's log p NaN)
+    far = (log_p == -math.inf) & torch.isfinite(z)
+    near = -(weighted * torch.where(zero | far, 0.0, log_p))
+    z_far = torch.where(far, z, 0.0)
+    z_top_far = torch.where(far, z_top, 0.0)
+    return torch.where(far, _far_loss(weighted, z_far, z_top_far, log_norm), near)
+
+
+def _far_loss(weighted, z, z_top, log_norm):
+    """-weighted log p where z - z_top overflowed (z_top > 0 > z): see ``_minus_log_p_times``."""
+    # -a log p = a z_top - a z + a log_norm: z_top > 0 > z, every term >= 0
+    return (weighted * z_top - weighted * z) + weighted * log_norm
+
+
 def _log_softmax(z):
     """log p, log(1 - p), p and 1 - p along the last axis (``spec._log_softmax``).
 
@@ -153,8 +178,9 @@ def _softmax_focal_terms(z, a, gamma, grad_loss, z_loss=0.0):
     more number in p_j's coefficient, the same pass). Class axis last; `grad_loss` None: the loss.
     """
     log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
+    z_top = torch.amax(z, dim=-1, keepdim=True)
     # logsumexp(z) = z_top + log1p(s): the top's 1 apart, so a confident row keeps its digits
-    lse = torch.amax(z, dim=-1, keepdim=True) + log1p_s if z_loss != 0.0 else None
+    lse = z_top + log1p_s if z_loss != 0.0 else None
     if gamma == 0.0:
         # (1 - p)^0 = 1, also at p = 1
         focal_weight = None
@@ -168,8 +194,9 @@ def _softmax_focal_terms(z, a, gamma, grad_loss, z_loss=0.0):
         # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is
         # -inf (double where: d/da stays -(1 - p)^gamma log p, finite, wherever p > 0)
         weighted = a if focal_weight is None else a * focal_weight
-        loss = -(weighted * torch.where((a == 0.0) & (log_p == -math.inf), 0.0, log_p))
-        loss = loss.sum(dim=-1)
+        # (and logits spanning more than the largest number: ``_minus_log_p_times``)
+        zero = (a == 0.0) & (log_p == -math.inf)
+        loss = _minus_log_p_times(weighted, log_p, z, z_top, log1p_s, zero).sum(dim=-1)
         if lse is None:
             return loss
         # z-loss: z_loss lse^2
@@ -225,7 +252,10 @@ def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss, z_loss=0.0):
     if grad_loss is None:
         # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
         weighted = a_y if focal_weight is None else a_y * focal_weight
-        loss = -(weighted * torch.where((a_y == 0.0) & (log_p == -math.inf), 0.0, log_p))
+        # (and logits spanning more than the largest number: ``_minus_log_p_times``)
+        zero = (a_y == 0.0) & (log_p == -math.inf)
+        z_y = z.gather(-1, y)
+        loss = _minus_log_p_times(weighted, log_p, z_y, z_top, log1p_s, zero)
         if z_loss != 0.0:
             # z-loss: z_loss lse^2, logsumexp(z) = z_top + log1p(s)
             lse = z_top + log1p_s
@@ -420,7 +450,8 @@ class _SoftmaxAtTarget(torch.autograd.Function):
                     z_rows.gather(-1, y[rows]) - z_rows.amax(dim=-1, keepdim=True)
                 ) + torch.log(p_rows.amax(dim=-1, keepdim=True) / (p_y[rows] + r[rows]))
         else:
-            from_logits = (c.gather(-1, y) - c.amax(dim=-1, keepdim=True)) + torch.log(
+            c_top = c.amax(dim=-1, keepdim=True)
+            from_logits = (c.gather(-1, y) - c_top) + torch.log(
                 p.amax(dim=-1, keepdim=True) / (p_y + r)
             )
             log_p_y = torch.where(small, from_logits, log_p_y)
@@ -441,6 +472,25 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
             zero = (a_y == 0.0) & (log_p_y == -math.inf)
             loss = -(weighted * torch.where(zero, 0.0, log_p_y))
+        # logits spanning more than the largest number: c_y - c_top overflowed to -inf, the loss
+        # need not have (``_far_loss``, log_norm = log((p_y + r) / p_top) >= 0); on the CPU
+        # those rows only, found from N values
+        c_y = c.gather(-1, y)
+        far = (log_p_y == -math.inf) & torch.isfinite(c_y)
+        mass = torch.ones_like(log_p_y) if a_y is None else a_y
+        mass = mass if focal_weight is None else mass * focal_weight
+        if on_host:
+            if bool(far.any()):
+                rows = far.squeeze(-1).nonzero(as_tuple=True)
+                p_top = p[rows].amax(dim=-1, keepdim=True)
+                log_norm = torch.log((p_y[rows] + r[rows]) / p_top)
+                c_top = c[rows].amax(dim=-1, keepdim=True)
+                loss[rows] = _far_loss(mass[rows], c_y[rows], c_top, log_norm)
+        else:
+            log_norm = torch.log((p_y + r) / p.amax(dim=-1, keepdim=True))
+            c_far = torch.where(far, c_y, 0.0)
+            c_top_far = torch.where(far, c_top, 0.0)
+            loss = torch.where(far, _far_loss(mass, c_far, c_top_far, log_norm), loss)
         if z_loss != 0.0:
             # z-loss: z_loss lse^2, rows not kept 0 (their lse too: backward reads it)
             lse = _target_lse(c, y, p, p_y, r, log_p_y)
