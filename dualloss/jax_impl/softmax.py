@@ -282,7 +282,8 @@ def _class_weight_at(class_weight, vector, y):
 
 def _shifted_sums(z, y, softcap=None):
     """For the class-index fast paths with targets y (class axis last): the shifted logits
-    z - z_top, z_y (where z_y - z_top overflows, ``_minus_log_p_times`` reads it), e_y = exp(z_y - z_top), s_y = sum_{j != y} exp(z_j - z_top) (the mass off the
+    z - z_top, the target's logit z_y (``_minus_log_p_times`` reads it where z_y - z_top
+    overflows), e_y = exp(z_y - z_top), s_y = sum_{j != y} exp(z_j - z_top) (the mass off the
     target), s = sum_{j != top} exp(z_j - z_top) = s_y + (e_y - 1), log1p(s) and 1 / (1 + s),
     each of shape [...] (one per row), and the scaled terms 2^k exp(z_j - z_top) (0 at the target),
     which the gradient reads back instead of forming exp again.

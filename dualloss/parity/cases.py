@@ -17,7 +17,9 @@ Regions (``REGIONS``):
 * ``near_ties``: logits equal, or one ULP apart.
 * ``huge_shift``: a common shift of up to ~half the dtype's maximum added to typical logits.
 * ``masked``: -inf logits as class masks, down to a single finite class (p = 1 exactly).
-* ``soft_targets``: probability targets with exact zeros.
+* ``soft_targets``: probability targets with exact zeros; and (``span``) logits spanning more than
+  the dtype's largest number (0.9 max and -0.9 max in a row) with target mass on the far negative
+  classes: z - z_top overflows, the loss does not.
 * ``masked_soft``: probability targets with -inf logits under the zero-mass classes.
 * ``label_smoothing``: epsilon 0, 0.1 and 1.
 * ``ignored``: ignore_index targets, some rows; ``all_ignored``: every target ignored.
@@ -25,7 +27,8 @@ Regions (``REGIONS``):
 * ``spatial``: extra dims, (N, d1, d2, C) here, (N, C, d1, d2) for torch.
 * ``where``: boolean class masks (optax semantics), with label smoothing.
 * ``options``: the option grid (gamma 0, 0.25, 0.5, 1, 2, 5; alpha None / scalar / vector;
-  weights; pos_weight) on typical and adversarial rows.
+  weights; pos_weight) on typical and adversarial rows; for softmax (``span``) a class-index
+  target at -0.9 max with weight (alpha) 0.25 in a row whose top is 0.9 max (reduction none).
 * ``llm_head``: the LLM head options (DESIGN 13), `softcap` small (0.5, 1) and large (30, 1e4)
   with logits far beyond the cap (1e3 up to ~half the dtype's maximum, -inf masked classes among
   them), `z_loss` 1e-4 / 1e-2 / 1, and a common shift that puts z_loss * lse**2 at an eighth of
@@ -364,8 +367,25 @@ def _softmax_soft(region: str):
             yield plan.case(region, f"zeros{g}", z, t, opts, 0.0, (0, 4, 1))
             hz, ht, hot = _hide(rng, z, t, 6, prob_targets=True)
             yield plan.case(region, f"hidden{g}", hz, ht, opts, 0.0, hot)
+            if region == "soft_targets" and plan.dtype != "float64":
+                # logits spanning more than the dtype's largest number, target mass on the far
+                # negative classes: z - z_top overflows, the loss (0.675 max) does not
+                z, t = _span_rows(plan.dtype)
+                yield plan.case(region, f"span{g}", z, t, opts, 0.0, (0, 1))
+                hz, ht, hot = _hide(rng, z, t, 6, prob_targets=True)
+                yield plan.case(region, f"span hidden{g}", hz, ht, opts, 0.0, hot)
 
     return generate
+
+
+def _span_rows(dtype):
+    """Two rows of 6 classes whose logits span 1.8 times the dtype's largest number (0.9 max and
+    -0.9 max; float16 inputs are computed in float32, where they do not overflow), with
+    probability targets on the far negative classes: a loss of 0.675 and 0.45 times the max."""
+    big = 0.9 * DTYPE_MAX[dtype]
+    z = np.array([[big, -big, 0.0, 1.0, -1.0, 2.0], [-big, 0.5, big, -big, 0.0, 0.0]])
+    t = np.array([[0.5, 0.25, 0.25, 0.0, 0.0, 0.0], [0.125, 0.0, 0.75, 0.125, 0.0, 0.0]])
+    return z, t
 
 
 def _softmax_label_smoothing(plan: _Plan) -> Iterator[Case]:
@@ -460,6 +480,25 @@ def _softmax_options(plan: _Plan) -> Iterator[Case]:
                         {"weight": vector, "label_smoothing": 0.1})  # fmt: skip
         prob = _soft(rng, 11, 5)
         yield plan.case("options", "weight prob", z, prob, {"weight": vector})
+    if plan.dtype != "float64":
+        # logits spanning more than the dtype's largest number (0.9 max and -0.9 max), the
+        # target at the far negative class with a weight (or alpha) of 0.25: z_y - z_top
+        # overflows, the loss (0.45 max, per element) does not
+        big = 0.9 * DTYPE_MAX[plan.dtype]
+        y = 0 if plan.info.is_focal else 3  # the class whose weight (alpha) is 0.25
+        z, t = _typical(rng, 3, 5)
+        z[1] = [2.0, 1.0, 2.0, 1.0, 2.0]
+        z[1, y], z[1, (y + 1) % 5] = -big, big
+        t[1] = y
+        if plan.info.is_focal:
+            alpha = np.array([0.25, 0.5, 0.75, 1.0, 0.125])
+            for gamma in (0.0, 2.0):
+                yield plan.case("options", f"span gamma={gamma} alpha=vector", z, t,
+                                {"gamma": gamma, "alpha": alpha, "reduction": "none"},
+                                hot=(1,))  # fmt: skip
+        else:
+            yield plan.case("options", "span weight", z, t,
+                            {"weight": vector, "reduction": "none"}, hot=(1,))  # fmt: skip
 
 
 def _far(plan: _Plan) -> list[float]:
