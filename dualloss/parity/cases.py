@@ -34,7 +34,7 @@ Regions (``REGIONS``):
   smoothing, probability targets and `where` masks.
 * ``wide_span``: logits spanning more than the dtype's largest number (0.9 max and -0.9 max in a
   row; float64 max / 32) with probability targets on the far negative classes: z - z_top
-  overflows to -inf, the loss (0.675 max) does not.
+  overflows to -inf, the loss (0.34 max) does not.
 
 Every adversarial region also comes ``hidden``: its rows inside a larger typical batch at an odd
 offset (row 37 of 67), so that vectorised loops run their tails over the bad row.
@@ -494,12 +494,13 @@ def _span(dtype: str) -> float:
 
 def _softmax_wide_span(plan: _Plan) -> Iterator[Case]:
     """Logits spanning more than the dtype's largest number (0.9 max and -0.9 max in a row), with
-    probability targets on the far negative classes: z - z_top overflows, the loss (0.675 and
-    0.45 times the max) does not. Alone and hidden in a typical batch."""
+    probability targets on the far negative classes: z - z_top overflows, the loss (0.3375 and
+    0.1125 times the max) does not, nor does the rows' sum (a mean or sum formed as a sum first).
+    Alone and hidden in a typical batch."""
     rng = plan.rng
     big = _span(plan.dtype)
-    z = np.array([[big, -big, 0.0, 1.0, -1.0, 2.0], [-big, 0.5, big, -big, 0.0, 0.0]])
-    t = np.array([[0.5, 0.25, 0.25, 0.0, 0.0, 0.0], [0.125, 0.0, 0.75, 0.125, 0.0, 0.0]])
+    z = np.array([[big, -big, 0.0, 1.0, -1.0, 2.0], [-big, 0.5, big, 0.0, -1.0, 0.0]])
+    t = np.array([[0.75, 0.125, 0.125, 0.0, 0.0, 0.0], [0.0625, 0.0, 0.9375, 0.0, 0.0, 0.0]])
     for gamma in plan.adv_gammas:
         opts = _focal_opts(gamma)
         g = _gamma_label(gamma)

@@ -862,10 +862,17 @@ class _VocabParallel(torch.autograd.Function):
         # the target's own term left out of s, on the rank that owns it (no 1 + s - 1 rounding)
         exp_y = torch.where(owns, 0.0, exp_shifted.gather(-1, local_y))
         s = exp_shifted.scatter(-1, local_y, exp_y).sum(dim=-1, keepdim=True)
-        columns = [shifted_y, s]
+        # the target's logit, from the rank that owns it: where z_y - z_top overflowed
+        # (``_minus_log_p_times``)
+        z_y = torch.where(owns, z.gather(-1, local_y), 0.0)
+        columns = [shifted_y, s, z_y]
         if m is not None:
-            # 0 log 0 = 0: a class without smoothing mass (outside `where`) adds nothing at -inf
-            m_shifted = torch.where(m == 0.0, 0.0, m * shifted)
+            # 0 log 0 = 0: a class without smoothing mass (outside `where`) adds nothing at -inf;
+            # where z - z_top overflowed though z is finite (logits spanning more than the
+            # largest number, z_top > 0 > z) m (z - z_top) = m z - m z_top, two terms <= 0
+            far = (shifted == -math.inf) & torch.isfinite(z)
+            m_far = m * torch.where(far, z, 0.0) - m * torch.where(far, z_top, 0.0)
+            m_shifted = torch.where(m == 0.0, 0.0, torch.where(far, m_far, m * shifted))
             columns.append(m_shifted.sum(dim=-1, keepdim=True))
             if m_y is None:
                 # probability targets: the mass at the top class (from the rank that owns it)
@@ -876,14 +883,15 @@ class _VocabParallel(torch.autograd.Function):
                 off = m.scatter(-1, local_y, torch.where(owns, 0.0, at_top))
                 columns.append(off.sum(dim=-1, keepdim=True))
         stats = torch.cat(columns, dim=-1)
-        # t = z_y - z_top from the rank that owns the target (the others add 0) and s, the sum of
-        # the other classes' exponentials over every rank (a NaN logit anywhere makes s NaN);
+        # t = z_y - z_top and z_y from the rank that owns the target (the others add 0), s the
+        # sum of the other classes' exponentials over every rank (a NaN logit anywhere makes s
+        # NaN);
         # with label smoothing, sum_c m_c (z_c - z_top) over every rank's classes (and, for
         # probability targets, the top's mass and the others')
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
-        t, s = stats[..., :1], stats[..., 1:2]
+        t, s, z_y = stats[..., :1], stats[..., 1:2], stats[..., 2:3]
         if m is not None and m_y is None:
-            m_y, m_rest = stats[..., 3:4], stats[..., 4:5]
+            m_y, m_rest = stats[..., 4:5], stats[..., 5:6]
         is_top = t == 0.0
         # log(exp(t) + s) = log1p(expm1(t) + s): log1p(s) at a top target
         log1p_s = torch.log1p(torch.expm1(t) + s)
@@ -908,13 +916,17 @@ class _VocabParallel(torch.autograd.Function):
             v = (1.0 - gamma * phi) * focal_weight
             v = v if a_y is None else a_y * v
         per_mass = None
+        # logits spanning more than the largest number: ``_minus_log_p_times``, log(exp(t) + s)
+        # the normaliser's log
         if a_y is None:
-            loss = -log_p if focal_weight is None else -(focal_weight * log_p)
+            weighted = torch.ones_like(log_p) if focal_weight is None else focal_weight
+            no_mass = torch.zeros_like(log_p, dtype=torch.bool)
+            loss = _minus_log_p_times(weighted, log_p, z_y, z_top, log1p_s, no_mass)
         else:
             weighted = a_y if focal_weight is None else a_y * focal_weight
             # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
             zero = (a_y == 0.0) & (log_p == -math.inf)
-            loss = -(weighted * torch.where(zero, 0.0, log_p))
+            loss = _minus_log_p_times(weighted, log_p, z_y, z_top, log1p_s, zero)
             if ctx.needs_input_grad[2]:
                 # the loss per unit of target mass: its derivative w.r.t. a_y (weight / alpha)
                 per_mass = -torch.where(zero, 0.0, log_p)
@@ -923,7 +935,7 @@ class _VocabParallel(torch.autograd.Function):
                     per_mass = torch.where(keep.unsqueeze(-1), per_mass, 0.0)
         if m is not None:
             # -sum_c m_c log p_c = M log(exp(t) + s) - sum_c m_c (z_c - z_top)
-            loss = loss + ((m_y + m_rest) * log1p_s - stats[..., 2:3])
+            loss = loss + ((m_y + m_rest) * log1p_s - stats[..., 3:4])
         # lse = z_top + log(exp(t) + s): the z-loss and ``return_aux``'s lse
         lse = z_top + log1p_s
         if z_loss != 0.0:
@@ -997,7 +1009,13 @@ class _VocabParallel(torch.autograd.Function):
         # targets: each rank its slice; +inf where p_c = 0, as the spec), 0 on rows not kept
         grad_m = None
         if log_norm is not None:
-            grad_m = g * (log_norm - (z - z_top))
+            shifted = z - z_top
+            grad_m = g * (log_norm - shifted)
+            # where z - z_top overflowed (logits spanning more than the largest number), each
+            # term times g first: g log_norm + g z_top - g z, finite where a mean's 1/N makes it so
+            far = (shifted == -math.inf) & torch.isfinite(z)
+            z_far, z_top_far = torch.where(far, z, 0.0), torch.where(far, z_top, 0.0)
+            grad_m = torch.where(far, g * log_norm + (g * z_top_far - g * z_far), grad_m)
             if keep is not None:
                 grad_m = torch.where(keep.unsqueeze(-1), grad_m, 0.0)
         return grad, None, grad_a, None, None, None, None, grad_m, None, None, None
@@ -1056,9 +1074,11 @@ class _VocabParallelDense(torch.autograd.Function):
         focal_weight = torch.exp(gamma * log_not_p)
         phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
         v = a * focal_weight * (1.0 - gamma * phi)
-        # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf
+        # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is
+        # -inf; logits spanning more than the largest number: ``_minus_log_p_times``
         weighted = a * focal_weight
-        local = -(weighted * torch.where((a == 0.0) & (log_p == -math.inf), 0.0, log_p))
+        zero = (a == 0.0) & (log_p == -math.inf)
+        local = _minus_log_p_times(weighted, log_p, z, z_top, log1p_s, zero)
         columns = [local.sum(dim=-1, keepdim=True)]
         needs_grad = ctx.needs_input_grad[0]
         if needs_grad:
@@ -1083,10 +1103,15 @@ class _VocabParallelDense(torch.autograd.Function):
                 # d/dz_j z_loss lse^2 = 2 z_loss lse p_j, in p_j's coefficient
                 coefficient = coefficient + (2.0 * z_loss) * lse
             grad = p * coefficient - not_p * v
-        per_mass = None
+        per_mass = far = z_far = None
         if ctx.needs_input_grad[1]:
-            # d loss / d a_c = -(1 - p_c)^gamma log p_c: +inf where p_c = 0 (as the spec)
+            # d loss / d a_c = -(1 - p_c)^gamma log p_c: +inf where p_c = 0 (as the spec); where
+            # z - z_top overflowed (logits spanning more than the largest number, p_c = 0: the
+            # focal weight is 1) z_top - z + log1p(s), formed in backward times the incoming
+            # gradient term by term (finite where a mean's 1/N makes it so)
             per_mass = -(focal_weight * log_p)
+            far = (log_p == -math.inf) & torch.isfinite(z)
+            z_far = torch.where(far, z, 0.0)
         loss, lse = loss.squeeze(-1), lse.squeeze(-1)
         if keep is not None:
             # ignored elements give 0 and no gradient, whatever their logits
@@ -1095,17 +1120,23 @@ class _VocabParallelDense(torch.autograd.Function):
             kept = keep.unsqueeze(-1)
             grad = None if grad is None else torch.where(kept, grad, 0.0)
             per_mass = None if per_mass is None else torch.where(kept, per_mass, 0.0)
-        ctx.save_for_backward(grad, per_mass)
+            far = None if far is None else far & kept
+        ctx.save_for_backward(grad, per_mass, far, z_far, z_top, log1p_s)
         ctx.mark_non_differentiable(lse)
         return loss, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss, grad_lse):
-        grad, per_mass = ctx.saved_tensors
+        grad, per_mass, far, z_far, z_top, log1p_s = ctx.saved_tensors
         g = grad_loss.unsqueeze(-1)
         grad_z = None if grad is None else grad * g
-        grad_a = None if per_mass is None else per_mass * g
+        grad_a = None
+        if per_mass is not None:
+            # -log p = z_top - z + log1p(s) where z - z_top overflowed, each term times g first
+            z_top_far = torch.where(far, z_top, 0.0)
+            far_grad = (g * z_top_far - g * z_far) + g * log1p_s
+            grad_a = torch.where(far, far_grad, per_mass * g)
         return grad_z, grad_a, None, None, None, None, None
 
 
