@@ -807,8 +807,10 @@ class _VocabParallel(torch.autograd.Function):
     elementwise), y the global target indices [..., 1] (ignored rows at 0), a_y [..., 1] the
     target's mass (None: 1; (1 - eps) w_y with label smoothing), keep [...] or None, `start` this
     rank's first global class. Three per-row numbers cross ranks, in two all-reduces: the largest
-    logit z_top (MAX), then (SUM) the target's shifted logit t = z_y - z_top from the rank that
-    owns y (0 elsewhere) and s = sum_{j != y} exp(z_j - z_top). The row's normaliser is
+    logit z_top (MAX), then (SUM) the target's logit z_y from the rank that owns y (0 elsewhere;
+    t = z_y - z_top formed after it, so that where t overflows, logits spanning more than the
+    largest number, the loss is a_y z_top - a_y z_y + a_y log(exp(t) + s): ``_minus_log_p_times``)
+    and s = sum_{j != y} exp(z_j - z_top). The row's normaliser is
     exp(t) + s and, as on one device,
 
       log p_y = t - log(exp(t) + s) = t - log1p(expm1(t) + s),
@@ -858,14 +860,13 @@ class _VocabParallel(torch.autograd.Function):
         local_y = torch.where(owns, local_y, 0)
         shifted = z - z_top
         exp_shifted = torch.exp(shifted)
-        shifted_y = torch.where(owns, shifted.gather(-1, local_y), 0.0)
+        # the target's logit itself (t = z_y - z_top is formed after the SUM, the same rounding
+        # on every rank): where z_y - z_top overflowed ``_minus_log_p_times`` reads it
+        z_y = torch.where(owns, z.gather(-1, local_y), 0.0)
         # the target's own term left out of s, on the rank that owns it (no 1 + s - 1 rounding)
         exp_y = torch.where(owns, 0.0, exp_shifted.gather(-1, local_y))
         s = exp_shifted.scatter(-1, local_y, exp_y).sum(dim=-1, keepdim=True)
-        # the target's logit, from the rank that owns it: where z_y - z_top overflowed
-        # (``_minus_log_p_times``)
-        z_y = torch.where(owns, z.gather(-1, local_y), 0.0)
-        columns = [shifted_y, s, z_y]
+        columns = [z_y, s]
         if m is not None:
             # 0 log 0 = 0: a class without smoothing mass (outside `where`) adds nothing at -inf;
             # where z - z_top overflowed though z is finite (logits spanning more than the
@@ -883,15 +884,15 @@ class _VocabParallel(torch.autograd.Function):
                 off = m.scatter(-1, local_y, torch.where(owns, 0.0, at_top))
                 columns.append(off.sum(dim=-1, keepdim=True))
         stats = torch.cat(columns, dim=-1)
-        # t = z_y - z_top and z_y from the rank that owns the target (the others add 0), s the
-        # sum of the other classes' exponentials over every rank (a NaN logit anywhere makes s
-        # NaN);
+        # z_y from the rank that owns the target (the others add 0), s the sum of the other
+        # classes' exponentials over every rank (a NaN logit anywhere makes s NaN);
         # with label smoothing, sum_c m_c (z_c - z_top) over every rank's classes (and, for
         # probability targets, the top's mass and the others')
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
-        t, s, z_y = stats[..., :1], stats[..., 1:2], stats[..., 2:3]
+        z_y, s = stats[..., :1], stats[..., 1:2]
+        t = z_y - z_top
         if m is not None and m_y is None:
-            m_y, m_rest = stats[..., 4:5], stats[..., 5:6]
+            m_y, m_rest = stats[..., 3:4], stats[..., 4:5]
         is_top = t == 0.0
         # log(exp(t) + s) = log1p(expm1(t) + s): log1p(s) at a top target
         log1p_s = torch.log1p(torch.expm1(t) + s)
@@ -935,7 +936,7 @@ class _VocabParallel(torch.autograd.Function):
                     per_mass = torch.where(keep.unsqueeze(-1), per_mass, 0.0)
         if m is not None:
             # -sum_c m_c log p_c = M log(exp(t) + s) - sum_c m_c (z_c - z_top)
-            loss = loss + ((m_y + m_rest) * log1p_s - stats[..., 3:4])
+            loss = loss + ((m_y + m_rest) * log1p_s - stats[..., 2:3])
         # lse = z_top + log(exp(t) + s): the z-loss and ``return_aux``'s lse
         lse = z_top + log1p_s
         if z_loss != 0.0:
