@@ -62,6 +62,7 @@ REGIONS = (
     "where",
     "options",
     "llm_head",
+    "wide_span",
 )
 SIGMOID_REGIONS = (
     "typical",

@@ -94,6 +94,9 @@ MODULE_EXTRAS = {
 # what a backend has that the spec does not, and why
 BACKEND_EXTRAS = {
     "jax_impl": {
+        # logits spanning more than the largest number: -a log p where z - z_top overflowed (the
+        # spec computes in float64, where the parity cases' spans do not overflow)
+        "_minus_log_p_times", "_far_loss",
         # dtypes and traced values
         "_is_concrete", "_compute_dtype", "_check_traced_indices",
         # wrong-framework input, and options that may be traced (gamma, alpha, label_smoothing)
@@ -150,6 +153,9 @@ BACKEND_EXTRAS = {
         "_linear_parallel_refuses", "_varying_axes", "_sum_to_type_of",
     },
     "torch_impl": {
+        # logits spanning more than the largest number: -a log p where z - z_top overflowed (the
+        # spec computes in float64, where the parity cases' spans do not overflow)
+        "_minus_log_p_times", "_far_loss",
         # dtypes, index validation and functorch
         "_dtype_name", "_compute_dtype", "_is_index", "_values_are_concrete", "_softmax_targets",
         # torch.autocast runs the losses in float32; the kept elements (ignore_index, `where`)

@@ -12,9 +12,11 @@ from dualloss.parity import check, judge
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
-# no -inf masks: the textbook forms t * log p, which is 0 * -inf = NaN on a masked class (a real
-# hazard of those candidates, reported elsewhere); here only the gradients are at stake
-FAST = {"dtypes": ["float32"], "max_examples": 10, "skip": ("masked", "masked_soft")}
+# no -inf masks: the textbook forms t * log p, which is 0 * -inf = NaN on a masked class; no
+# wide span: log_softmax's z - max overflows to -inf there (real hazards of those candidates,
+# reported elsewhere); here only the gradients are at stake
+FAST = {"dtypes": ["float32"], "max_examples": 10,
+        "skip": ("masked", "masked_soft", "wide_span")}  # fmt: skip
 
 
 def _problems(report):

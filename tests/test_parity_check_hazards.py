@@ -172,9 +172,11 @@ def flat_only(logits, targets):
 
 
 def test_a_clear_refusal_of_spatial_input_is_unsupported_not_a_failure():
-    # (F.cross_entropy's own NaN at -inf logits with probability targets is left out)
+    # (F.cross_entropy's own NaN at -inf logits with probability targets and its inf where the
+    # logits span more than the largest number are left out)
     report = check(flat_only, "softmax_cross_entropy", backend="torch",
-                   skip=("masked", "masked_soft", "all_ignored_nan"), **FAST)  # fmt: skip
+                   skip=("masked", "masked_soft", "wide_span", "all_ignored_nan"),
+                   **FAST)  # fmt: skip
     assert report.ok, report
     assert set(report.unsupported) == {"spatial"}, report
     text = str(report)
@@ -226,7 +228,9 @@ def test_an_option_the_candidate_refuses_is_unsupported_by_name():
 
 
 # F.cross_entropy's own NaN at -inf logits with probability targets is another matter
-NO_MASKS = ("masked", "masked_soft")
+# F.cross_entropy's own hazards, flagged in test_parity_known_bugs: NaN at -inf logits with
+# probability targets, inf where the logits span more than the largest number
+NO_MASKS = ("masked", "masked_soft", "wide_span")
 
 
 def test_f_cross_entropy_reports_its_nan_on_an_all_ignored_batch_as_a_named_hazard():
@@ -318,7 +322,8 @@ def test_the_cli_takes_grads(capsys):
     code = main(["check", "torch.nn.functional:cross_entropy", "--reference",
                  "softmax_cross_entropy", "--backend", "torch", "--dtypes", "float32",
                  "--max-examples", "0",
-                 "--skip", "masked,masked_soft,all_ignored_nan", "--grads", "logits"])  # fmt: skip
+                 "--skip", "masked,masked_soft,wide_span,all_ignored_nan",
+                 "--grads", "logits"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0, out
     assert "grads='logits': gradients judged w.r.t. logits\n" in out

@@ -164,6 +164,76 @@ def test_confident_rows_among_others_meet_the_strict_standard_at_any_class_count
     assert judgement.ok, judgement.nonfinite + judgement.inaccurate
 
 
+def _span_rows(dtype: str, index: bool):
+    """Rows whose logits span 1.8 times the dtype's largest number (0.9 max and -0.9 max), the
+    target mass on the far negative classes (z - z_top overflows, the loss does not), beside an
+    ordinary row; index targets at -0.9 max carry a class weight (alpha) of 0.25."""
+    big = 0.9 * cases.DTYPE_MAX[dtype]
+    logits = B.round_to(np.array([[big, -big, 0.0], [0.0, big, -big], [1.0, 2.0, 0.5]]), dtype)
+    if index:
+        return logits, np.array([1, 2, 0]), np.array([1.0, 0.25, 0.25])
+    return logits, np.array([[0.5, 0.25, 0.25], [0.5, 0.375, 0.125], [0.5, 0.5, 0.0]]), None
+
+
+def _with_backend_arrays(backend: str, options: dict, dtype: str) -> dict:
+    """`options` with NumPy class vectors as the backend's arrays of `dtype`."""
+    device = "cpu" if backend == "torch" else jax.devices("cpu")[0]
+    to_array = B.torch_array if backend == "torch" else B.jax_array
+    return {
+        k: to_array(v, dtype, device) if isinstance(v, np.ndarray) else v
+        for k, v in options.items()
+    }
+
+
+@pytest.mark.parametrize("index", (False, True), ids=("probabilities", "weighted index"))
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16", "float16"))
+@pytest.mark.parametrize("name", ("softmax_cross_entropy", "softmax_focal_loss"))
+@pytest.mark.parametrize("backend", B.BACKENDS)
+def test_logits_spanning_beyond_the_largest_number_give_a_finite_loss(backend, name, dtype, index):
+    # z - z_top overflows to -inf in float32 (bfloat16 is computed in float32; float16 too, where
+    # it does not overflow), though -a log p = a z_top - a z + a log1p(s) is below the largest
+    # number: every backend returned inf
+    logits, targets, vector = _span_rows(dtype, index)
+    focal = name == "softmax_focal_loss"
+    options = {"reduction": "none"} | ({"gamma": 2.0} if focal else {})
+    if vector is not None:
+        options["alpha" if focal else "weight"] = vector
+    value, grad = _run(backend, name, logits, targets, dtype,
+                       **_with_backend_arrays(backend, options, dtype))  # fmt: skip
+    truth = getattr(spec, name)(logits.astype(np.float64), targets, **options)
+    assert np.all(np.isfinite(truth[:2])) and np.all(truth[:2] > 0.4 * cases.DTYPE_MAX[dtype])
+    assert np.all(np.isfinite(value)), f"loss={value}, but spec gives {truth} [{backend} {name}]"
+    judgement = judge(name, logits.astype(np.float64), targets, options, dtype, value, grad)
+    assert judgement.ok, judgement.nonfinite + judgement.inaccurate
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+@pytest.mark.parametrize("name", ("softmax_cross_entropy", "softmax_focal_loss"))
+@pytest.mark.parametrize("backend", B.BACKENDS)
+def test_logits_spanning_beyond_the_largest_number_keep_inf_and_nan_where_they_belong(
+    backend, name, dtype
+):
+    # a loss truly beyond the largest number (weight 3: 4.9 times it) stays inf; a -inf logit
+    # with target mass gives inf, without it 0 (0 log 0 = 0) beside its other terms; a NaN
+    # logit gives NaN
+    big = 0.9 * cases.DTYPE_MAX[dtype]
+    if name == "softmax_cross_entropy":
+        weighted = {"weight": np.array([1.0, 3.0, 1.0])}
+        value, _ = _run(backend, name, B.round_to(np.array([[big, -big, 0.0]]), dtype),
+                        np.array([1]), dtype, reduction="none",
+                        **_with_backend_arrays(backend, weighted, dtype))  # fmt: skip
+        assert value[0] == np.inf
+    logits = B.round_to(np.array([[big, -np.inf, 0.0], [big, -np.inf, 0.0], [big, -big, np.nan]]),
+                        dtype)  # fmt: skip
+    targets = np.array([[0.0, 0.5, 0.5], [0.5, 0.0, 0.5], [0.0, 1.0, 0.0]])
+    options = {"reduction": "none"} | ({"gamma": 2.0} if name == "softmax_focal_loss" else {})
+    value, _ = _run(backend, name, logits, targets, dtype, **options)
+    assert value[0] == np.inf and np.isnan(value[2])
+    assert value[1] == float(B.round_to(np.array(0.5 * float(logits[1, 0])), dtype))
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. What the standard lets through and what not
 # ----------------------------------------------------------------------------------------------
 # 2. What the standard lets through and what not
 # ----------------------------------------------------------------------------------------------

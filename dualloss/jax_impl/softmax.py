@@ -191,6 +191,35 @@ def _sum_except_self(v):
     return jnp.where(is_big, rest_of_big, total - v)
 
 
+def _minus_log_p_times(weighted, log_p, z, z_top, log_norm, a):
+    """-weighted log p, log p = (z - z_top) - log_norm (log_norm >= 0, log1p(s) or its like), 0
+    where a = 0 and p = 0 (0 log 0 = 0: no target mass at a class whose logit is -inf).
+
+    Logits that span more than the dtype's largest number (z_top > 0 > z, both finite) make
+    z - z_top overflow to -inf though the loss may be finite: there
+    -weighted log p = weighted z_top - weighted z + weighted log_norm, a sum of terms of one sign
+    (no cancellation, a few ULP; inf only where the loss itself is beyond the largest number).
+    Elsewhere the product as before, with its own rounding. The loss is linear in a:
+    d/da = -(1 - p)^gamma log p also at a = 0 (0 where p = 0, not 0 * inf); double wheres keep
+    every unselected branch finite.
+    """
+    no_p = log_p == -jnp.inf
+    # z - z_top overflowed though z is finite (a +inf or NaN logit makes the row's log p NaN)
+    far = no_p & jnp.isfinite(z)
+    near = -(weighted * jnp.where(no_p, 0.0, log_p)) + jnp.where(
+        no_p & ~far & (a != 0.0), jnp.inf, 0.0
+    )
+    z_far = jnp.where(far, z, 0.0)
+    z_top_far = jnp.where(far, z_top, 0.0)
+    return jnp.where(far, _far_loss(weighted, z_far, z_top_far, log_norm), near)
+
+
+def _far_loss(weighted, z, z_top, log_norm):
+    """-weighted log p where z - z_top overflowed (z_top > 0 > z): see ``_minus_log_p_times``."""
+    # -a log p = a z_top - a z + a log_norm: z_top > 0 > z, every term >= 0
+    return (weighted * z_top - weighted * z) + weighted * log_norm
+
+
 def _softmax_focal_terms(z, a, gamma, z_loss=0.0):
     """Per-element loss -sum_c a_c (1 - p_c)^gamma log p_c + z_loss lse**2 and its gradient
     (class axis last), lse = logsumexp(z) = z_top + log1p(s).
@@ -209,19 +238,16 @@ def _softmax_focal_terms(z, a, gamma, z_loss=0.0):
         focal_weight = _power(log_not_p, gamma)
         phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
         v = a * focal_weight * (1.0 - gamma * phi)
+    z_top = jnp.max(z, axis=-1, keepdims=True)
     # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf
-    # (NaN when a NaN or +inf logit made the row NaN: never hidden). The loss is linear in a:
-    # d/da_c = -(1 - p_c)^gamma log p_c also at a_c = 0 (0 where p_c = 0, not 0 * inf)
-    no_p = log_p == -jnp.inf
-    loss = -jnp.sum(
-        a * focal_weight * jnp.where(no_p, 0.0, log_p)
-        + jnp.where(no_p & (a != 0.0), -jnp.inf, 0.0),
-        axis=-1,
-    )
+    # (NaN when a NaN or +inf logit made the row NaN: never hidden); logits spanning more than
+    # the largest number: ``_minus_log_p_times``
+    weighted = a * focal_weight
+    loss = jnp.sum(_minus_log_p_times(weighted, log_p, z, z_top, log1p_s, a), axis=-1)
     grad = p * _sum_except_self(v) - not_p * v
     if z_loss != 0.0:
         # logsumexp(z) = z_top + log1p(s): the top's 1 apart, so a confident row keeps its digits
-        lse = jnp.max(z, axis=-1) + log1p_s[..., 0]
+        lse = z_top[..., 0] + log1p_s[..., 0]
         # z-loss: z_loss lse^2, d/dz_j = 2 z_loss lse p_j
         loss = loss + z_loss * lse * lse
         grad = grad + (2.0 * z_loss) * lse[..., None] * p
@@ -256,7 +282,8 @@ def _class_weight_at(class_weight, vector, y):
 
 def _shifted_sums(z, y, softcap=None):
     """For the class-index fast paths with targets y (class axis last): the shifted logits
-    z - z_top, e_y = exp(z_y - z_top), s_y = sum_{j != y} exp(z_j - z_top) (the mass off the
+    z - z_top, the target's logit z_y (``_minus_log_p_times`` reads it where z_y - z_top
+    overflows), e_y = exp(z_y - z_top), s_y = sum_{j != y} exp(z_j - z_top) (the mass off the
     target), s = sum_{j != top} exp(z_j - z_top) = s_y + (e_y - 1), log1p(s) and 1 / (1 + s),
     each of shape [...] (one per row), and the scaled terms 2^k exp(z_j - z_top) (0 at the target),
     which the gradient reads back instead of forming exp again.
@@ -298,7 +325,7 @@ def _shifted_sums(z, y, softcap=None):
     e_y = jnp.exp(shifted_y)
     s = s_y + (e_y - 1.0)
     log1p_s = jnp.log1p(s)
-    return z_top, shifted, is_y, e, shifted_y, e_y, s_y, s, log1p_s, 1.0 / (1.0 + s)
+    return z_top, shifted, is_y, e, z_y, shifted_y, e_y, s_y, s, log1p_s, 1.0 / (1.0 + s)
 
 
 def _softmax_focal_terms_at(z, y, a_y, keep, gamma, z_loss=0.0, softcap=None):
@@ -321,7 +348,9 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma, z_loss=0.0, softcap=None):
     """
     # soft-capping: the terms of c = softcap tanh(z / softcap), dc/dz = sech^2(z / softcap)
     dcap = None if softcap is None else _softcap(z, softcap)[1]
-    z_top, shifted, is_y, e, shifted_y, e_y, s_y, s, log1p_s, inverse = _shifted_sums(z, y, softcap)
+    z_top, shifted, is_y, e, z_y, shifted_y, e_y, s_y, s, log1p_s, inverse = _shifted_sums(
+        z, y, softcap
+    )
     log_p_y = shifted_y - log1p_s
     p_y = e_y * inverse
     # 1 - p_y, free of cancellation where p_y is close to 1
@@ -345,12 +374,10 @@ def _softmax_focal_terms_at(z, y, a_y, keep, gamma, z_loss=0.0, softcap=None):
         phi = jnp.where(positive, p_log_p / jnp.where(positive, s_y, 1.0), -1.0)
         v = a_y * focal_weight * (1.0 - gamma * phi)
     # 0 log 0 = 0: no target mass (zero weight) contributes nothing; NaN rows stay NaN;
-    # d/da_y = -(1 - p_y)^gamma log p_y also at a_y = 0 (0 where p_y = 0)
-    no_p = log_p_y == -jnp.inf
-    loss = -(
-        a_y * focal_weight * jnp.where(no_p, 0.0, log_p_y)
-        + jnp.where(no_p & (a_y != 0.0), -jnp.inf, 0.0)
-    )
+    # d/da_y = -(1 - p_y)^gamma log p_y also at a_y = 0 (0 where p_y = 0); logits spanning more
+    # than the largest number: ``_minus_log_p_times``
+    weighted = a_y * focal_weight
+    loss = _minus_log_p_times(weighted, log_p_y, z_y, z_top[..., 0], log1p_s, a_y)
     # p_j = e_j / (1 + s), read from the scaled terms of the sum (XLA:CPU writes them to memory
     # for its reduction anyway): no second exp over N x C; 2^-k (1 + s)^-1 stays normal
     p = e * (inverse * 2.0 ** -_unflush_power(z.dtype))[..., None]
@@ -578,13 +605,10 @@ def _sharded_focal_terms(z, a, gamma, z_loss, axis_name):
         focal_weight = _power(log_not_p, gamma)
         phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
         v = a * focal_weight * (1.0 - gamma * phi)
-    # 0 log 0 = 0: a class with no target mass contributes nothing (as ``_softmax_focal_terms``)
-    no_p = log_p == -jnp.inf
-    local = -jnp.sum(
-        a * focal_weight * jnp.where(no_p, 0.0, log_p)
-        + jnp.where(no_p & (a != 0.0), -jnp.inf, 0.0),
-        axis=-1,
-    )
+    # 0 log 0 = 0: a class with no target mass contributes nothing; logits spanning more than
+    # the largest number: ``_minus_log_p_times`` (as ``_softmax_focal_terms``)
+    weighted = a * focal_weight
+    local = jnp.sum(_minus_log_p_times(weighted, log_p, z, z_top, log1p_s, a), axis=-1)
     # the row's loss: this slice's classes, then every slice's (one psum per row)
     loss = jax.lax.psum(local, axis_name)
     grad = p * _sharded_sum_except_self(v, offset, axis_name) - not_p * v

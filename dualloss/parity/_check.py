@@ -64,7 +64,7 @@ from .tolerance import ACCEPT_ALL_IGNORED_NAN, ALL_IGNORED_NAN, STANDARDS
 # the regions that vary only the inputs (the others are option grids)
 CHECK_REGIONS = (
     "typical", "confident_correct", "confident_wrong", "near_ties", "huge_shift", "masked",
-    "soft_targets", "masked_soft", "ignored", "all_ignored", "classes", "spatial",
+    "soft_targets", "masked_soft", "ignored", "all_ignored", "classes", "spatial", "wide_span",
 )  # fmt: skip
 # the margin regions, also run with one-hot and smoothed probability targets (softmax)
 MARGIN_REGIONS = ("confident_correct", "confident_wrong", "huge_shift", "masked")

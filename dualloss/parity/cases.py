@@ -25,12 +25,16 @@ Regions (``REGIONS``):
 * ``spatial``: extra dims, (N, d1, d2, C) here, (N, C, d1, d2) for torch.
 * ``where``: boolean class masks (optax semantics), with label smoothing.
 * ``options``: the option grid (gamma 0, 0.25, 0.5, 1, 2, 5; alpha None / scalar / vector;
-  weights; pos_weight) on typical and adversarial rows.
+  weights; pos_weight) on typical and adversarial rows; for softmax (``wide span``) a class-index
+  target at -0.9 max with weight (alpha) 0.25 in a row whose top is 0.9 max (reduction none).
 * ``llm_head``: the LLM head options (DESIGN 13), `softcap` small (0.5, 1) and large (30, 1e4)
   with logits far beyond the cap (1e3 up to ~half the dtype's maximum, -inf masked classes among
   them), `z_loss` 1e-4 / 1e-2 / 1, and a common shift that puts z_loss * lse**2 at an eighth of
   the dtype's largest number (large, finite); with ignored rows, class weights or alpha, label
   smoothing, probability targets and `where` masks.
+* ``wide_span``: logits spanning more than the dtype's largest number (0.9 max and -0.9 max in a
+  row; float64 max / 32) with probability targets on the far negative classes: z - z_top
+  overflows to -inf, the loss (0.34 max) does not.
 
 Every adversarial region also comes ``hidden``: its rows inside a larger typical batch at an odd
 offset (row 37 of 67), so that vectorised loops run their tails over the bad row.
@@ -64,7 +68,7 @@ _WEIGHTS = (0.5, 1.0, 2.0, 0.25, 1.5, 0.75, 3.0, 1.25)
 REGIONS = losses.REGIONS
 # regions whose inputs are adversarial rows worth hiding in a larger batch
 ADVERSARIAL = ("confident_correct", "confident_wrong", "near_ties", "masked", "soft_targets",
-               "masked_soft")  # fmt: skip
+               "masked_soft", "wide_span")  # fmt: skip
 
 
 @dataclass
@@ -460,6 +464,49 @@ def _softmax_options(plan: _Plan) -> Iterator[Case]:
                         {"weight": vector, "label_smoothing": 0.1})  # fmt: skip
         prob = _soft(rng, 11, 5)
         yield plan.case("options", "weight prob", z, prob, {"weight": vector})
+    # logits spanning more than the dtype's largest number (``wide_span``), the target at the
+    # far negative class with a weight (or alpha) of 0.25: z_y - z_top overflows, the loss
+    # (0.45 max, per element) does not; here, where the weight stays with the case (``wide_span``
+    # is judged with a user's own options, without which this loss is beyond the largest number)
+    big = _span(plan.dtype)
+    y = 0 if plan.info.is_focal else 3  # the class whose weight (alpha) is 0.25
+    z, t = _typical(rng, 3, 5)
+    z[1] = [2.0, 1.0, 2.0, 1.0, 2.0]
+    z[1, y], z[1, (y + 1) % 5] = -big, big
+    t[1] = y
+    if plan.info.is_focal:
+        alpha = np.array([0.25, 0.5, 0.75, 1.0, 0.125])
+        for gamma in (0.0, 2.0):
+            yield plan.case("options", f"wide span gamma={gamma} alpha=vector", z, t,
+                            {"gamma": gamma, "alpha": alpha, "reduction": "none"},
+                            hot=(1,))  # fmt: skip
+    else:
+        yield plan.case("options", "wide span weight", z, t,
+                        {"weight": vector, "reduction": "none"}, hot=(1,))  # fmt: skip
+
+
+def _span(dtype: str) -> float:
+    """0.9 times the dtype's largest number: logits at it and at its negative span 1.8 times the
+    largest number (float16 inputs are computed in float32, where they do not overflow). The
+    spec computes in float64, so for float64 1/32 of the largest number (as ``margins``)."""
+    return 0.9 * DTYPE_MAX[dtype] if dtype != "float64" else DTYPE_MAX[dtype] / 32
+
+
+def _softmax_wide_span(plan: _Plan) -> Iterator[Case]:
+    """Logits spanning more than the dtype's largest number (0.9 max and -0.9 max in a row), with
+    probability targets on the far negative classes: z - z_top overflows, the loss (0.3375 and
+    0.1125 times the max) does not, nor does the rows' sum (a mean or sum formed as a sum first).
+    Alone and hidden in a typical batch."""
+    rng = plan.rng
+    big = _span(plan.dtype)
+    z = np.array([[big, -big, 0.0, 1.0, -1.0, 2.0], [-big, 0.5, big, 0.0, -1.0, 0.0]])
+    t = np.array([[0.75, 0.125, 0.125, 0.0, 0.0, 0.0], [0.0625, 0.0, 0.9375, 0.0, 0.0, 0.0]])
+    for gamma in plan.adv_gammas:
+        opts = _focal_opts(gamma)
+        g = _gamma_label(gamma)
+        yield plan.case("wide_span", f"span{g}", z, t, opts, 0.0, (0, 1))
+        hz, ht, hot = _hide(rng, z, t, 6, prob_targets=True)
+        yield plan.case("wide_span", f"hidden{g}", hz, ht, opts, 0.0, hot)
 
 
 def _far(plan: _Plan) -> list[float]:
@@ -687,6 +734,7 @@ GENERATORS: dict[str, dict[str, Callable[[_Plan], Iterator[Case]]]] = {
         "where": _softmax_where,
         "options": _softmax_options,
         "llm_head": _softmax_llm_head,
+        "wide_span": _softmax_wide_span,
     },
     "sigmoid": {
         "typical": _sigmoid_typical,

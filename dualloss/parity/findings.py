@@ -256,13 +256,15 @@ _SCOPES = {
               "torch.finfo(dtype).min, as Hugging Face models write them, are finite logits "
               "that the huge_shift and confident regions cover",
     "prob": "with probability targets (soft, one-hot or smoothed): no concern for calls with "
-            "class indices (skip=('soft_targets', 'masked_soft') leaves out the regions made of "
-            "them)",
+            "class indices (skip=('soft_targets', 'masked_soft', 'wide_span') leaves out the "
+            "regions made of them)",
     "soft": "with soft targets (strictly between 0 and 1): binary_targets=True judges targets "
             "in {0, 1} only",
     "huge": "at logits near half the dtype's range: skip=('huge_shift',) leaves them out, but "
             "masks written as torch.finfo(dtype).min, as Hugging Face models write them, put "
             "logits there",
+    "wide": "at logits spanning more than the dtype's largest number in one row (z - max "
+            "overflows though the loss is finite): skip=('wide_span',) leaves them out",
 }  # fmt: skip
 
 
@@ -279,6 +281,8 @@ def _tags(hazard: Hazard, softmax: bool) -> set[str]:
         tags.add("soft")
     if hazard.region == "huge_shift":
         tags.add("huge")
+    if hazard.region == "wide_span":
+        tags.add("wide")
     return tags
 
 

@@ -78,6 +78,31 @@ def _log_not_p(p, is_top, s, log_s, log1p_s):
     return torch.where(from_s, log_s - log1p_s, torch.log1p(-torch.where(from_s, 0.0, p)))
 
 
+def _minus_log_p_times(weighted, log_p, z, z_top, log_norm, zero):
+    """-weighted log p, log p = (z - z_top) - log_norm (log_norm >= 0, log1p(s) or its like), 0
+    where `zero` (0 log 0 = 0: no target mass at a class whose logit is -inf).
+
+    Logits that span more than the dtype's largest number (z_top > 0 > z, both finite) make
+    z - z_top overflow to -inf though the loss may be finite: there
+    -weighted log p = weighted z_top - weighted z + weighted log_norm, a sum of terms of one sign
+    (no cancellation, a few ULP; inf only where the loss itself is beyond the largest number).
+    Elsewhere the product as before, with its own rounding. Double wheres: d/dweighted stays
+    finite (a -inf log p or a -inf logit is never multiplied by the 0 of an unselected branch).
+    """
+    # z - z_top overflowed though z is finite (a +inf or NaN logit makes the row's log p NaN)
+    far = (log_p == -math.inf) & torch.isfinite(z)
+    near = -(weighted * torch.where(zero | far, 0.0, log_p))
+    z_far = torch.where(far, z, 0.0)
+    z_top_far = torch.where(far, z_top, 0.0)
+    return torch.where(far, _far_loss(weighted, z_far, z_top_far, log_norm), near)
+
+
+def _far_loss(weighted, z, z_top, log_norm):
+    """-weighted log p where z - z_top overflowed (z_top > 0 > z): see ``_minus_log_p_times``."""
+    # -a log p = a z_top - a z + a log_norm: z_top > 0 > z, every term >= 0
+    return (weighted * z_top - weighted * z) + weighted * log_norm
+
+
 def _log_softmax(z):
     """log p, log(1 - p), p and 1 - p along the last axis (``spec._log_softmax``).
 
@@ -153,8 +178,9 @@ def _softmax_focal_terms(z, a, gamma, grad_loss, z_loss=0.0):
     more number in p_j's coefficient, the same pass). Class axis last; `grad_loss` None: the loss.
     """
     log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
+    z_top = torch.amax(z, dim=-1, keepdim=True)
     # logsumexp(z) = z_top + log1p(s): the top's 1 apart, so a confident row keeps its digits
-    lse = torch.amax(z, dim=-1, keepdim=True) + log1p_s if z_loss != 0.0 else None
+    lse = z_top + log1p_s if z_loss != 0.0 else None
     if gamma == 0.0:
         # (1 - p)^0 = 1, also at p = 1
         focal_weight = None
@@ -168,8 +194,9 @@ def _softmax_focal_terms(z, a, gamma, grad_loss, z_loss=0.0):
         # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is
         # -inf (double where: d/da stays -(1 - p)^gamma log p, finite, wherever p > 0)
         weighted = a if focal_weight is None else a * focal_weight
-        loss = -(weighted * torch.where((a == 0.0) & (log_p == -math.inf), 0.0, log_p))
-        loss = loss.sum(dim=-1)
+        # (and logits spanning more than the largest number: ``_minus_log_p_times``)
+        zero = (a == 0.0) & (log_p == -math.inf)
+        loss = _minus_log_p_times(weighted, log_p, z, z_top, log1p_s, zero).sum(dim=-1)
         if lse is None:
             return loss
         # z-loss: z_loss lse^2
@@ -225,7 +252,10 @@ def _softmax_focal_terms_sparse(z, y, a_y, gamma, grad_loss, z_loss=0.0):
     if grad_loss is None:
         # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
         weighted = a_y if focal_weight is None else a_y * focal_weight
-        loss = -(weighted * torch.where((a_y == 0.0) & (log_p == -math.inf), 0.0, log_p))
+        # (and logits spanning more than the largest number: ``_minus_log_p_times``)
+        zero = (a_y == 0.0) & (log_p == -math.inf)
+        z_y = z.gather(-1, y)
+        loss = _minus_log_p_times(weighted, log_p, z_y, z_top, log1p_s, zero)
         if z_loss != 0.0:
             # z-loss: z_loss lse^2, logsumexp(z) = z_top + log1p(s)
             lse = z_top + log1p_s
@@ -420,7 +450,8 @@ class _SoftmaxAtTarget(torch.autograd.Function):
                     z_rows.gather(-1, y[rows]) - z_rows.amax(dim=-1, keepdim=True)
                 ) + torch.log(p_rows.amax(dim=-1, keepdim=True) / (p_y[rows] + r[rows]))
         else:
-            from_logits = (c.gather(-1, y) - c.amax(dim=-1, keepdim=True)) + torch.log(
+            c_top = c.amax(dim=-1, keepdim=True)
+            from_logits = (c.gather(-1, y) - c_top) + torch.log(
                 p.amax(dim=-1, keepdim=True) / (p_y + r)
             )
             log_p_y = torch.where(small, from_logits, log_p_y)
@@ -441,6 +472,25 @@ class _SoftmaxAtTarget(torch.autograd.Function):
             # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
             zero = (a_y == 0.0) & (log_p_y == -math.inf)
             loss = -(weighted * torch.where(zero, 0.0, log_p_y))
+        # logits spanning more than the largest number: c_y - c_top overflowed to -inf, the loss
+        # need not have (``_far_loss``, log_norm = log((p_y + r) / p_top) >= 0); on the CPU
+        # those rows only, found from N values
+        c_y = c.gather(-1, y)
+        far = (log_p_y == -math.inf) & torch.isfinite(c_y)
+        mass = torch.ones_like(log_p_y) if a_y is None else a_y
+        mass = mass if focal_weight is None else mass * focal_weight
+        if on_host:
+            if bool(far.any()):
+                rows = far.squeeze(-1).nonzero(as_tuple=True)
+                p_top = p[rows].amax(dim=-1, keepdim=True)
+                log_norm = torch.log((p_y[rows] + r[rows]) / p_top)
+                c_top = c[rows].amax(dim=-1, keepdim=True)
+                loss[rows] = _far_loss(mass[rows], c_y[rows], c_top, log_norm)
+        else:
+            log_norm = torch.log((p_y + r) / p.amax(dim=-1, keepdim=True))
+            c_far = torch.where(far, c_y, 0.0)
+            c_top_far = torch.where(far, c_top, 0.0)
+            loss = torch.where(far, _far_loss(mass, c_far, c_top_far, log_norm), loss)
         if z_loss != 0.0:
             # z-loss: z_loss lse^2, rows not kept 0 (their lse too: backward reads it)
             lse = _target_lse(c, y, p, p_y, r, log_p_y)
@@ -757,8 +807,10 @@ class _VocabParallel(torch.autograd.Function):
     elementwise), y the global target indices [..., 1] (ignored rows at 0), a_y [..., 1] the
     target's mass (None: 1; (1 - eps) w_y with label smoothing), keep [...] or None, `start` this
     rank's first global class. Three per-row numbers cross ranks, in two all-reduces: the largest
-    logit z_top (MAX), then (SUM) the target's shifted logit t = z_y - z_top from the rank that
-    owns y (0 elsewhere) and s = sum_{j != y} exp(z_j - z_top). The row's normaliser is
+    logit z_top (MAX), then (SUM) the target's logit z_y from the rank that owns y (0 elsewhere;
+    t = z_y - z_top formed after it, so that where t overflows, logits spanning more than the
+    largest number, the loss is a_y z_top - a_y z_y + a_y log(exp(t) + s): ``_minus_log_p_times``)
+    and s = sum_{j != y} exp(z_j - z_top). The row's normaliser is
     exp(t) + s and, as on one device,
 
       log p_y = t - log(exp(t) + s) = t - log1p(expm1(t) + s),
@@ -808,14 +860,20 @@ class _VocabParallel(torch.autograd.Function):
         local_y = torch.where(owns, local_y, 0)
         shifted = z - z_top
         exp_shifted = torch.exp(shifted)
-        shifted_y = torch.where(owns, shifted.gather(-1, local_y), 0.0)
+        # the target's logit itself (t = z_y - z_top is formed after the SUM, the same rounding
+        # on every rank): where z_y - z_top overflowed ``_minus_log_p_times`` reads it
+        z_y = torch.where(owns, z.gather(-1, local_y), 0.0)
         # the target's own term left out of s, on the rank that owns it (no 1 + s - 1 rounding)
         exp_y = torch.where(owns, 0.0, exp_shifted.gather(-1, local_y))
         s = exp_shifted.scatter(-1, local_y, exp_y).sum(dim=-1, keepdim=True)
-        columns = [shifted_y, s]
+        columns = [z_y, s]
         if m is not None:
-            # 0 log 0 = 0: a class without smoothing mass (outside `where`) adds nothing at -inf
-            m_shifted = torch.where(m == 0.0, 0.0, m * shifted)
+            # 0 log 0 = 0: a class without smoothing mass (outside `where`) adds nothing at -inf;
+            # where z - z_top overflowed though z is finite (logits spanning more than the
+            # largest number, z_top > 0 > z) m (z - z_top) = m z - m z_top, two terms <= 0
+            far = (shifted == -math.inf) & torch.isfinite(z)
+            m_far = m * torch.where(far, z, 0.0) - m * torch.where(far, z_top, 0.0)
+            m_shifted = torch.where(m == 0.0, 0.0, torch.where(far, m_far, m * shifted))
             columns.append(m_shifted.sum(dim=-1, keepdim=True))
             if m_y is None:
                 # probability targets: the mass at the top class (from the rank that owns it)
@@ -826,12 +884,13 @@ class _VocabParallel(torch.autograd.Function):
                 off = m.scatter(-1, local_y, torch.where(owns, 0.0, at_top))
                 columns.append(off.sum(dim=-1, keepdim=True))
         stats = torch.cat(columns, dim=-1)
-        # t = z_y - z_top from the rank that owns the target (the others add 0) and s, the sum of
-        # the other classes' exponentials over every rank (a NaN logit anywhere makes s NaN);
+        # z_y from the rank that owns the target (the others add 0), s the sum of the other
+        # classes' exponentials over every rank (a NaN logit anywhere makes s NaN);
         # with label smoothing, sum_c m_c (z_c - z_top) over every rank's classes (and, for
         # probability targets, the top's mass and the others')
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
-        t, s = stats[..., :1], stats[..., 1:2]
+        z_y, s = stats[..., :1], stats[..., 1:2]
+        t = z_y - z_top
         if m is not None and m_y is None:
             m_y, m_rest = stats[..., 3:4], stats[..., 4:5]
         is_top = t == 0.0
@@ -858,13 +917,17 @@ class _VocabParallel(torch.autograd.Function):
             v = (1.0 - gamma * phi) * focal_weight
             v = v if a_y is None else a_y * v
         per_mass = None
+        # logits spanning more than the largest number: ``_minus_log_p_times``, log(exp(t) + s)
+        # the normaliser's log
         if a_y is None:
-            loss = -log_p if focal_weight is None else -(focal_weight * log_p)
+            weighted = torch.ones_like(log_p) if focal_weight is None else focal_weight
+            no_mass = torch.zeros_like(log_p, dtype=torch.bool)
+            loss = _minus_log_p_times(weighted, log_p, z_y, z_top, log1p_s, no_mass)
         else:
             weighted = a_y if focal_weight is None else a_y * focal_weight
             # 0 log 0 = 0: no target mass contributes nothing, also when its logit is -inf
             zero = (a_y == 0.0) & (log_p == -math.inf)
-            loss = -(weighted * torch.where(zero, 0.0, log_p))
+            loss = _minus_log_p_times(weighted, log_p, z_y, z_top, log1p_s, zero)
             if ctx.needs_input_grad[2]:
                 # the loss per unit of target mass: its derivative w.r.t. a_y (weight / alpha)
                 per_mass = -torch.where(zero, 0.0, log_p)
@@ -947,7 +1010,13 @@ class _VocabParallel(torch.autograd.Function):
         # targets: each rank its slice; +inf where p_c = 0, as the spec), 0 on rows not kept
         grad_m = None
         if log_norm is not None:
-            grad_m = g * (log_norm - (z - z_top))
+            shifted = z - z_top
+            grad_m = g * (log_norm - shifted)
+            # where z - z_top overflowed (logits spanning more than the largest number), each
+            # term times g first: g log_norm + g z_top - g z, finite where a mean's 1/N makes it so
+            far = (shifted == -math.inf) & torch.isfinite(z)
+            z_far, z_top_far = torch.where(far, z, 0.0), torch.where(far, z_top, 0.0)
+            grad_m = torch.where(far, g * log_norm + (g * z_top_far - g * z_far), grad_m)
             if keep is not None:
                 grad_m = torch.where(keep.unsqueeze(-1), grad_m, 0.0)
         return grad, None, grad_a, None, None, None, None, grad_m, None, None, None
@@ -1006,9 +1075,11 @@ class _VocabParallelDense(torch.autograd.Function):
         focal_weight = torch.exp(gamma * log_not_p)
         phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
         v = a * focal_weight * (1.0 - gamma * phi)
-        # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is -inf
+        # 0 log 0 = 0: a class with no target mass contributes nothing, also when its logit is
+        # -inf; logits spanning more than the largest number: ``_minus_log_p_times``
         weighted = a * focal_weight
-        local = -(weighted * torch.where((a == 0.0) & (log_p == -math.inf), 0.0, log_p))
+        zero = (a == 0.0) & (log_p == -math.inf)
+        local = _minus_log_p_times(weighted, log_p, z, z_top, log1p_s, zero)
         columns = [local.sum(dim=-1, keepdim=True)]
         needs_grad = ctx.needs_input_grad[0]
         if needs_grad:
@@ -1033,10 +1104,15 @@ class _VocabParallelDense(torch.autograd.Function):
                 # d/dz_j z_loss lse^2 = 2 z_loss lse p_j, in p_j's coefficient
                 coefficient = coefficient + (2.0 * z_loss) * lse
             grad = p * coefficient - not_p * v
-        per_mass = None
+        per_mass = far = z_far = None
         if ctx.needs_input_grad[1]:
-            # d loss / d a_c = -(1 - p_c)^gamma log p_c: +inf where p_c = 0 (as the spec)
+            # d loss / d a_c = -(1 - p_c)^gamma log p_c: +inf where p_c = 0 (as the spec); where
+            # z - z_top overflowed (logits spanning more than the largest number, p_c = 0: the
+            # focal weight is 1) z_top - z + log1p(s), formed in backward times the incoming
+            # gradient term by term (finite where a mean's 1/N makes it so)
             per_mass = -(focal_weight * log_p)
+            far = (log_p == -math.inf) & torch.isfinite(z)
+            z_far = torch.where(far, z, 0.0)
         loss, lse = loss.squeeze(-1), lse.squeeze(-1)
         if keep is not None:
             # ignored elements give 0 and no gradient, whatever their logits
@@ -1045,17 +1121,23 @@ class _VocabParallelDense(torch.autograd.Function):
             kept = keep.unsqueeze(-1)
             grad = None if grad is None else torch.where(kept, grad, 0.0)
             per_mass = None if per_mass is None else torch.where(kept, per_mass, 0.0)
-        ctx.save_for_backward(grad, per_mass)
+            far = None if far is None else far & kept
+        ctx.save_for_backward(grad, per_mass, far, z_far, z_top, log1p_s)
         ctx.mark_non_differentiable(lse)
         return loss, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_loss, grad_lse):
-        grad, per_mass = ctx.saved_tensors
+        grad, per_mass, far, z_far, z_top, log1p_s = ctx.saved_tensors
         g = grad_loss.unsqueeze(-1)
         grad_z = None if grad is None else grad * g
-        grad_a = None if per_mass is None else per_mass * g
+        grad_a = None
+        if per_mass is not None:
+            # -log p = z_top - z + log1p(s) where z - z_top overflowed, each term times g first
+            z_top_far = torch.where(far, z_top, 0.0)
+            far_grad = (g * z_top_far - g * z_far) + g * log1p_s
+            grad_a = torch.where(far, far_grad, per_mass * g)
         return grad_z, grad_a, None, None, None, None, None
 
 
