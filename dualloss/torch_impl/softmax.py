@@ -104,7 +104,8 @@ def _far_loss(weighted, z, z_top, log_norm):
 
 
 def _log_softmax(z):
-    """log p, log(1 - p), p and 1 - p along the last axis (``spec._log_softmax``).
+    """log p, log(1 - p), p and 1 - p along the last axis (``spec._log_softmax``), and the
+    row's largest logit z_top (as ``_vocab_parallel_log_softmax``).
 
     Only the largest logit (the "top" class, first one on ties) can have p > 1/2. With
     s = sum_{j != top} exp(z_j - z_top), the normaliser is 1 + s exactly, so
@@ -122,7 +123,7 @@ def _log_softmax(z):
     # 1 - p_top = s / (1 + s), never formed as 1 - p
     not_p = torch.where(is_top, s / (1.0 + s), 1.0 - p)
     log_not_p = _log_not_p(p, is_top, s, log_s, log1p_s)
-    return log_p, log_not_p, p, not_p, is_top, s, log1p_s
+    return log_p, log_not_p, p, not_p, is_top, s, log1p_s, z_top
 
 
 def _softcap(z, softcap):
@@ -177,8 +178,7 @@ def _softmax_focal_terms(z, a, gamma, grad_loss, z_loss=0.0):
     the cancellation p_j - 1 when p_j is close to 1, plus the z-loss's 2 z_loss lse p_j (one
     more number in p_j's coefficient, the same pass). Class axis last; `grad_loss` None: the loss.
     """
-    log_p, log_not_p, p, not_p, is_top, s, log1p_s = _log_softmax(z)
-    z_top = torch.amax(z, dim=-1, keepdim=True)
+    log_p, log_not_p, p, not_p, is_top, s, log1p_s, z_top = _log_softmax(z)
     # logsumexp(z) = z_top + log1p(s): the top's 1 apart, so a confident row keeps its digits
     lse = z_top + log1p_s if z_loss != 0.0 else None
     if gamma == 0.0:
@@ -442,18 +442,20 @@ class _SoftmaxAtTarget(torch.autograd.Function):
         # below the smallest normal number p_y has lost digits (0 once it underflows): there
         # log p_y = (z_y - z_top) + log(p_top / (p_y + r)) from the logits
         small = p_y < torch.finfo(p.dtype).tiny
+        # the target's logit (also read where c_y - c_top overflows, below); off the CPU the
+        # rows' largest logit and probability, once for both
+        c_y = c.gather(-1, y)
         if on_host:
             if bool(small.any()):
                 rows = small.squeeze(-1).nonzero(as_tuple=True)
                 z_rows, p_rows = c[rows], p[rows]
-                log_p_y[rows] = (
-                    z_rows.gather(-1, y[rows]) - z_rows.amax(dim=-1, keepdim=True)
-                ) + torch.log(p_rows.amax(dim=-1, keepdim=True) / (p_y[rows] + r[rows]))
+                log_p_y[rows] = (c_y[rows] - z_rows.amax(dim=-1, keepdim=True)) + torch.log(
+                    p_rows.amax(dim=-1, keepdim=True) / (p_y[rows] + r[rows])
+                )
         else:
             c_top = c.amax(dim=-1, keepdim=True)
-            from_logits = (c.gather(-1, y) - c_top) + torch.log(
-                p.amax(dim=-1, keepdim=True) / (p_y + r)
-            )
+            p_top = p.amax(dim=-1, keepdim=True)
+            from_logits = (c_y - c_top) + torch.log(p_top / (p_y + r))
             log_p_y = torch.where(small, from_logits, log_p_y)
         if gamma == 0.0:
             focal_weight = None
@@ -475,7 +477,6 @@ class _SoftmaxAtTarget(torch.autograd.Function):
         # logits spanning more than the largest number: c_y - c_top overflowed to -inf, the loss
         # need not have (``_far_loss``, log_norm = log((p_y + r) / p_top) >= 0); on the CPU
         # those rows only, found from N values
-        c_y = c.gather(-1, y)
         far = (log_p_y == -math.inf) & torch.isfinite(c_y)
         mass = torch.ones_like(log_p_y) if a_y is None else a_y
         mass = mass if focal_weight is None else mass * focal_weight
@@ -487,7 +488,7 @@ class _SoftmaxAtTarget(torch.autograd.Function):
                 c_top = c[rows].amax(dim=-1, keepdim=True)
                 loss[rows] = _far_loss(mass[rows], c_y[rows], c_top, log_norm)
         else:
-            log_norm = torch.log((p_y + r) / p.amax(dim=-1, keepdim=True))
+            log_norm = torch.log((p_y + r) / p_top)
             c_far = torch.where(far, c_y, 0.0)
             c_top_far = torch.where(far, c_top, 0.0)
             loss = torch.where(far, _far_loss(mass, c_far, c_top_far, log_norm), loss)
