@@ -54,6 +54,13 @@ def full_profile(config) -> bool:
     return bool(config.getoption("--full")) or os.environ.get("DUALLOSS_FULL_TESTS") == "1"
 
 
+@pytest.fixture(scope="session")
+def full_tests(request) -> bool:
+    """True under ``--full``: for a test whose matrix is not a parametrization (a subprocess's
+    runs) to choose its own full set."""
+    return full_profile(request.config)
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",

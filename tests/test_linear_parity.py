@@ -71,7 +71,11 @@ def _judged(backend, name, options, dtype, region, reduction):
     return prep, outcome, L.judge(name, prep, outcome, "strict")
 
 
-@pytest.mark.exhaustive
+# strength 1 (every value of each parameter): CI's parity command (README) judges both backends
+# on every linear region in all four dtypes with the plain options and 'mean' and with class
+# weights / alpha and label smoothing and 'none' (``parity.linear.plan``); this adds the other
+# pairings
+@pytest.mark.exhaustive(strength=1)
 @pytest.mark.parametrize(("backend", "dtype", "region", "option", "reduction"), list(_matrix()))
 def test_backend_matches_spec_within_the_derived_bound(backend, dtype, region, option, reduction):
     name, options = OPTIONS[option]

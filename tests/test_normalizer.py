@@ -148,6 +148,9 @@ def test_torch_normalizer_matches_spec(loss, option_set, kind, value, dtype):
         assert out.item() == 0.0 and not torch.any(x.grad)
 
 
+# every option set of every loss, every pair of the other values (a JAX compilation each; the
+# torch test above runs all of them; --full: all)
+@pytest.mark.exhaustive(cover=("loss", "option_set"))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("kind", "value"), NORMALIZERS)
 @pytest.mark.parametrize("option_set", [0, 1])

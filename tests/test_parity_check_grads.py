@@ -244,8 +244,23 @@ def test_torch_impl_target_and_weight_gradients_meet_the_strict_standard():
     assert report.judged_grads.get("targets", 0) >= 40 and report.judged_grads["weight"] >= 40
 
 
-@pytest.mark.parametrize("gamma", [0.5, 2.0])
-@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize(
+    "backend, gamma",
+    [
+        ("torch", 0.5),
+        ("torch", 2.0),
+        ("jax", 0.5),
+        pytest.param(
+            "jax",
+            2.0,
+            marks=pytest.mark.on_demand(
+                "CI's parity command judges jax_impl's target gradient of the sigmoid focal loss "
+                "at gamma 0, 0.5 and 2 in every region and dtype; the jax row at 0.5 here runs "
+                "check()"
+            ),
+        ),
+    ],
+)
 def test_sigmoid_focal_target_gradient_meets_the_strict_standard(backend, gamma):
     """Both backends' closed-form target gradients, every region and Hypothesis: hard targets on
     confident logits (1 - p_t below the smallest normal), logits near the dtype's range (no

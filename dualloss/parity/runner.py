@@ -369,7 +369,8 @@ def case_cost(case: Case, backend: str, mode: str) -> float:
 def _compiled_subset(cases: list[Case], level: str, dtype: str) -> set[int]:
     """Which cases also run in the backend's second mode: with level 'full', the first of each
     region and the hidden batches; with 'quick', float32 only, the first typical case and the
-    first hidden batch of each region (JAX's eager mode compiles every primitive per shape)."""
+    first hidden batch (JAX's eager mode compiles every primitive for every shape, about 2 s a
+    call on a CPU; the jitted mode runs every case)."""
     chosen, seen = set(), set()
     if level == "quick" and dtype != "float32":
         return chosen
@@ -378,11 +379,39 @@ def _compiled_subset(cases: list[Case], level: str, dtype: str) -> set[int]:
             if case.region not in seen or "hidden" in case.label:
                 chosen.add(i)
             seen.add(case.region)
-        elif (case.region == "typical" and not seen) or (
-            "hidden" in case.label and case.region not in seen
-        ):
+        elif case.region == "typical" and "typical" not in seen:
             chosen.add(i)
-            seen.add(case.region)
+            seen.add("typical")
+        elif "hidden" in case.label and "hidden" not in seen:
+            chosen.add(i)
+            seen.add("hidden")
+    return chosen
+
+
+# the regions whose cases differ in their options (each a different branch of a kernel), not in
+# their margins or shapes: the interpreted kernels run all of their cases
+_OPTION_REGIONS = ("options", "label_smoothing", "where", "llm_head", "wide_span", "all_ignored")
+
+
+def _interpreted_subset(cases: list[Case], dtype: str) -> set[int]:
+    """The cases Triton's interpreter runs with level 'quick' (NumPy, one program after another:
+    a batch of 67 rows takes 1-3 s): every case of the regions that vary the options, and of the
+    others the first case and one hidden batch (the batch that hides each margin's row among
+    ordinary rows, so every margin still reaches the kernel). Where a region has a hidden batch
+    per gamma, the gamma goes round the regions and the dtypes, so that each (region, gamma)
+    meets the kernel in one dtype. The full level runs every case."""
+    regions = list(dict.fromkeys(case.region for case in cases))
+    turn = B.DTYPES.index(dtype) if dtype in B.DTYPES else 0
+    hidden: dict[str, list[int]] = {}
+    chosen, seen = set(), set()
+    for i, case in enumerate(cases):
+        if case.region in _OPTION_REGIONS or case.region not in seen:
+            chosen.add(i)
+        elif "hidden" in case.label:
+            hidden.setdefault(case.region, []).append(i)
+        seen.add(case.region)
+    for region, batches in hidden.items():
+        chosen.add(batches[(regions.index(region) + turn) % len(batches)])
     return chosen
 
 
@@ -456,18 +485,21 @@ def run_matrix(
                     impl.loss, dtype, level=level, regions=regions, skip=skip
                 )
 
-    def subset(cases, impl, mode, dtype):
-        """Every case in the main mode of the backend, a subset in the others."""
+    def subset(cases, impl, mode, dtype, label):
+        """Every case in the main mode of the backend, a subset in the others; with level
+        'quick' a subset for the kernels under Triton's interpreter (on the CPU)."""
         main = "jit" if impl.backend == "jax" and jit else "eager"
+        if level == "quick" and impl.name == B.TRITON and label == "cpu":
+            return sorted(_interpreted_subset(cases, dtype))
         if mode == main or level == "full" and mode != "compile":
             return range(len(cases))
         return sorted(_compiled_subset(cases, level, dtype))
 
     total = 0.0
-    for impl, _, _, mode in plan:
+    for impl, label, _, mode in plan:
         for dtype in dtypes:
             cases = cases_by[(impl.loss, dtype)]
-            for i in subset(cases, impl, mode, dtype):
+            for i in subset(cases, impl, mode, dtype, label):
                 total += case_cost(cases[i], impl.backend, mode)
     bar = Progress(total, enabled=progress)
     prepared = {}
@@ -477,7 +509,7 @@ def run_matrix(
     for impl, label, device, mode in plan:
         for dtype in dtypes:
             cases = cases_by[(impl.loss, dtype)]
-            for i in subset(cases, impl, mode, dtype):
+            for i in subset(cases, impl, mode, dtype, label):
                 case = cases[i]
                 key = (impl.loss, dtype, i)
                 if key not in prepared:
@@ -556,7 +588,7 @@ def run_matrix(
             for r in result.records
         ):
             continue
-        if not any(subset(cases_by[(impl.loss, d)], impl, mode, d) for d in dtypes):
+        if not any(subset(cases_by[(impl.loss, d)], impl, mode, d, label) for d in dtypes):
             # a second mode with no case planned at this level and these dtypes (quick: its
             # subset is float32 only): nothing was meant to run, so nothing is missing
             continue
