@@ -13,6 +13,8 @@ In one subprocess with 8 forced host devices (the flag must be set before jax is
   normalizer (float64) and the mean (float32). The compiled program gathers
   nothing and all-reduces per-row numbers and the (rows, H) hidden gradient only. `return_aux`
   (lse, z-term, whether the first top logit over the slices is the target) against the spec.
+  Logits spanning more than float32's largest number (the top class on the first slice, the far
+  target class on the last): the spec's finite loss, finite gradients.
 * a 2-D (data x vocab = 2 x 4) mesh: rows split over data, classes over vocab, the normalizer
   ``global_count(..., axis_name='data')``: the psum'd loss and the gradients equal the unsharded
   one-batch mean.
@@ -48,7 +50,7 @@ SCRIPT = textwrap.dedent(
     import jax, jax.numpy as jnp, numpy as np
     jax.config.update("jax_enable_x64", True)
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from dualloss import jax_impl
+    from dualloss import jax_impl, spec
     from dualloss.parity import linear as L
     from dualloss.parity.tolerance import UNIT_ROUNDOFF
 
@@ -183,7 +185,6 @@ SCRIPT = textwrap.dedent(
             }
 
     # --- return_aux over the mesh axis: lse, z-term, whether the first top is the target -----
-    from dualloss import spec
     out["aux"] = {}
     for loss in ("ce", "focal_head", "ce_smooth_head"):
         for reduction, dtype in (("none", "float64"), ("mean", "float32")):
@@ -216,6 +217,43 @@ SCRIPT = textwrap.dedent(
                 gaps["correct"] = float(np.any(np.asarray(aux["correct"], np.float64)
                                                != np.asarray(want["correct"], dtype)))
                 out["aux"][f"{loss}-{reduction}-{region}-{dtype}"] = gaps
+
+    # --- logits spanning more than float32's largest number, over the mesh axis --------------
+    # the top class (bias 0.9 max) on the first slice, the far target class (bias -0.9 max,
+    # weight / alpha 0.25) on the last: z_y - z_top overflows there, the loss does not
+    big = 0.9 * float(np.finfo(np.float32).max)
+    rng = np.random.default_rng(7)
+    hs = rng.normal(size=(4, H)).astype(np.float32)
+    ks = (0.1 * rng.normal(size=(H, V))).astype(np.float32)
+    bs = np.zeros(V, np.float32)
+    bs[0], bs[V - 1] = big, -big
+    vs = np.linspace(0.2, 0.9, V).astype(np.float32)
+    vs[V - 1] = 0.25
+    ys = np.array([V - 1, V - 1, 3, V - 1])
+    out["span"] = {}
+    for name, kw in (("linear_softmax_cross_entropy", {"weight": vs}),
+                     ("linear_softmax_focal_loss", {"gamma": 2.0, "alpha": vs}),
+                     ("linear_softmax_cross_entropy", {"weight": vs, "label_smoothing": 0.1})):
+        fn = getattr(jax_impl, name)
+        kj = {k: jnp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()}
+
+        @partial(jax.shard_map, mesh=mesh, in_specs=(P(), P(None, "vocab"), P("vocab"), P()),
+                 out_specs=P())
+        def spanned(h, w, b, y):
+            return fn(h, w, y, bias=b, chunk_size=3, axis_name="vocab", reduction="none", **kj)
+
+        got = np.asarray(jax.jit(spanned)(hs, ks, bs, ys), np.float64)
+        grads = jax.grad(lambda h, w, b: jnp.sum(spanned(h, w, b, ys)), argnums=(0, 1, 2))(
+            hs, ks, bs)
+        want = getattr(spec, name)(*(x.astype(np.float64) for x in (hs, ks)), ys,
+                                   bias=bs.astype(np.float64), reduction="none",
+                                   **{k: (v.astype(np.float64) if isinstance(v, np.ndarray)
+                                          else v) for k, v in kw.items()})
+        out["span"][f"{name} {sorted(kw)}"] = {
+            "finite": bool(np.all(np.isfinite(want))),
+            "error": float(np.max(np.abs(got - want) / np.abs(want))),
+            "grads_finite": all(bool(jnp.all(jnp.isfinite(g))) for g in grads),
+        }
 
     # --- a 2-D mesh: rows over data, classes over vocab, the global mean ---------------------
     mesh2 = Mesh(np.array(jax.devices()).reshape(2, 4), ("data", "vocab"))
@@ -324,6 +362,17 @@ def test_return_aux_over_the_mesh_axis_matches_the_spec(results):
     for label, gaps in aux.items():
         assert gaps["correct"] == 0.0, (label, gaps)
         assert gaps["lse"] <= 1.0 and gaps["z_term"] <= 1.0, (label, gaps)
+
+
+def test_logits_spanning_beyond_the_largest_number_give_the_finite_loss_over_the_axis(results):
+    # z_y rides in the psum beside z_y - z_top, and label smoothing's far form of the
+    # class-weighted sum (``_linear_block``): every slice returned inf where the spec's loss is
+    # about 0.25 x 0.9 x float32's largest number
+    assert len(results["span"]) == 3
+    for label, judged in results["span"].items():
+        assert judged["finite"] and judged["grads_finite"], (label, judged)
+        # float32 roundings of the logits and of a few terms: 1e-6 of the loss
+        assert judged["error"] <= 1e-6, (label, judged)
 
 
 def test_a_batch_split_over_data_gives_the_one_batch_mean(results):

@@ -18,7 +18,9 @@ collectives it issued. Here the slices are put together and judged:
   tolerance;
 * by the collectives: every gather, broadcast, scatter and all-to-all raises in the workers;
   the calls are exactly the slice sizes, per block one MAX of one number per row and one SUM of
-  two (three with label smoothing), and with a gradient one SUM of the (N, H) hidden gradient;
+  three (five with label smoothing), and with a gradient one SUM of the (N, H) hidden gradient;
+* logits spanning more than float32's largest number (the top class on the first rank, the far
+  target class on the last): the spec's finite loss on every rank, finite gradients;
 * every rank gets the same loss and the same hidden gradient; no input is written; bad input
   (targets outside the global V, a weight of the local length, focal label smoothing with
   gamma != 0, an empty slice, a group of the wrong type) raises one sentence on every rank.
@@ -233,11 +235,53 @@ def _worker_errors(rank, world, results):
             results["errors"][what] = (type(error).__name__, str(error))
 
 
+# logits spanning more than float32's largest number: the top class (bias 0.9 max) on the first
+# rank, the far class (bias -0.9 max, weight / alpha 0.25) on the last, where the targets are
+SPAN = {
+    "ce_weight": ("linear_softmax_cross_entropy", {"weight": "span"}),
+    "focal_alpha": ("linear_softmax_focal_loss", {"gamma": 2.0, "alpha": "span"}),
+    "ce_smooth": ("linear_softmax_cross_entropy", {"weight": "span", "label_smoothing": 0.1}),
+}
+
+
+def _span_inputs():
+    """(hidden, kernel (H, V), bias, targets, class vector), float32 values as float64."""
+    big = 0.9 * float(np.finfo(np.float32).max)
+    rng = np.random.default_rng(7)
+    hidden = rng.normal(size=(4, H)).astype(np.float32).astype(np.float64)
+    kernel = (0.1 * rng.normal(size=(H, V))).astype(np.float32).astype(np.float64)
+    bias = np.zeros(V)
+    bias[0], bias[V - 1] = big, -big
+    bias = bias.astype(np.float32).astype(np.float64)
+    vector = np.linspace(0.2, 0.9, V).astype(np.float32).astype(np.float64)
+    vector[V - 1] = 0.25
+    return hidden, kernel, bias, np.array([V - 1, V - 1, 3, V - 1]), vector
+
+
+def _worker_span(rank, world, results):
+    sizes = SIZES[world]
+    start, stop = sum(sizes[:rank]), sum(sizes[: rank + 1])
+    hidden, kernel, bias, targets, vector = _span_inputs()
+    for key, (name, options) in SPAN.items():
+        kw = {k: torch.tensor(vector, dtype=torch.float32) if v == "span" else v
+              for k, v in options.items()}  # fmt: skip
+        h = torch.tensor(hidden, dtype=torch.float32, requires_grad=True)
+        w = torch.tensor(kernel.T[start:stop], dtype=torch.float32, requires_grad=True)
+        b = torch.tensor(bias[start:stop], dtype=torch.float32, requires_grad=True)
+        loss = getattr(ti, name)(
+            h, w, torch.tensor(targets), bias=b, chunk_size=3, reduction="none",
+            process_group=dist.group.WORLD, **kw,
+        )  # fmt: skip
+        loss.sum().backward()
+        grads_finite = all(bool(torch.all(torch.isfinite(x.grad))) for x in (h, w, b))
+        results["span"][key] = (loss.detach().double().numpy(), grads_finite)
+
+
 def _spawn(size, tmp_path_factory):
     """(size, {rank: results}) of one spawned gloo world of `size` processes."""
     out_dir = tmp_path_factory.mktemp(f"linear_world{size}")
-    bodies = (_worker_cases, _worker_errors)
-    return size, gloo.spawn_world(size, out_dir, bodies, keys=("cases", "aux", "errors"))
+    bodies = (_worker_cases, _worker_errors, _worker_span)
+    return size, gloo.spawn_world(size, out_dir, bodies, keys=("cases", "aux", "errors", "span"))
 
 
 @pytest.fixture(scope="module")
@@ -346,8 +390,9 @@ def test_no_row_is_gathered_and_each_block_reduces_three_numbers_per_row(world):
     blocks = [min(CHUNK, N - start) for start in range(0, N, CHUNK)]
     for rank, results in ranks.items():
         for case, result in results["cases"].items():
-            # label smoothing: the row's weighted sum of logits rides in the same SUM
-            width = 3 if "label_smoothing" in LOSSES[case[0]][1] else 2
+            # z_y - z_top, S_y and z_y (for logits spanning more than the largest number); label
+            # smoothing: the row's weighted sum of logits and its far form ride in the same SUM
+            width = 5 if "label_smoothing" in LOSSES[case[0]][1] else 3
             forward = [call for rows in blocks for call in (("MAX", rows), ("SUM", width * rows))]
             if case[1] == "none":
                 # forward without a gradient, then backward recomputes the blocks
@@ -373,7 +418,7 @@ def test_return_aux_over_ranks_matches_the_spec(world):
         _, want = getattr(spec, name)(hidden, kernel, prep.case.targets, bias=bias,
                                       **prep.options, return_aux=True)  # fmt: skip
         eps = float(torch.finfo(dtype).eps)
-        width = 3 if "label_smoothing" in LOSSES[case[0]][1] else 2
+        width = 5 if "label_smoothing" in LOSSES[case[0]][1] else 3
         per_block = (("MAX", 1), ("SUM", 1), ("MAX", 1), ("MIN", 1), ("MAX", 1), ("SUM", width))
         forward = [(op, k * rows) for rows in blocks for op, k in per_block]
         for rank, results in ranks.items():
@@ -421,3 +466,21 @@ def test_process_group_without_torch_distributed_raises():
         ti.linear_softmax_focal_loss(
             torch.zeros(2, 3), torch.zeros(4, 3), torch.tensor([0, 1]), process_group=object()
         )
+
+
+def test_logits_spanning_beyond_the_largest_number_give_the_finite_loss_on_every_rank(world):
+    # z_y - z_top overflowed on the rank that owns y: z_y itself rides in the SUM, and label
+    # smoothing's far form of the class-weighted sum (``_linear_block``); every rank returned
+    # inf where the spec's loss is about 0.25 x 0.9 x the largest number
+    size, ranks = world
+    hidden, kernel, bias, targets, vector = _span_inputs()
+    for key, (name, options) in SPAN.items():
+        kw = {k: vector if v == "span" else v for k, v in options.items()}
+        want = getattr(spec, name)(hidden, kernel, targets, bias=bias, reduction="none", **kw)
+        assert np.all(np.isfinite(want)), (key, want)
+        for rank, results in ranks.items():
+            value, grads_finite = results["span"][key]
+            assert grads_finite, (size, rank, key)
+            # float32 roundings of the logits and of a few terms: 1e-6 of the loss
+            np.testing.assert_allclose(value, want, rtol=1e-6, atol=0,
+                                       err_msg=f"{size} ranks, rank {rank}, {key}")  # fmt: skip

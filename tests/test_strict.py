@@ -232,6 +232,45 @@ def test_logits_spanning_beyond_the_largest_number_keep_inf_and_nan_where_they_b
     assert value[1] == float(B.round_to(np.array(0.5 * float(logits[1, 0])), dtype))
 
 
+_SPAN_VECTOR = np.array([1.0, 0.25, 0.5, 0.5, 0.5])
+
+
+@pytest.mark.parametrize("dtype", ("float32", "bfloat16"))
+@pytest.mark.parametrize(
+    "name, options",
+    [
+        ("linear_softmax_cross_entropy", {"weight": _SPAN_VECTOR}),
+        ("linear_softmax_focal_loss", {"gamma": 2.0, "alpha": _SPAN_VECTOR}),
+        ("linear_softmax_cross_entropy", {"weight": _SPAN_VECTOR, "label_smoothing": 0.1}),
+    ],
+    ids=("ce-weight", "focal-alpha", "ce-weight-smoothing"),
+)
+@pytest.mark.parametrize("backend", B.BACKENDS)
+def test_fused_linear_logits_spanning_beyond_the_largest_number_give_the_finite_loss(
+    backend, name, options, dtype
+):
+    # the fused losses' blocks form z - z_top and sum_c w_c (z_c - z_top) themselves: a bias of
+    # 0.9 max and -0.9 max made both overflow to -inf, and the loss inf, where the spec's (a
+    # weight of 0.25 at the far target, smoothing's eps / V at the far class) is finite
+    from dualloss.parity import linear as L
+
+    big = 0.9 * cases.DTYPE_MAX[dtype]
+    hidden = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.5, -0.5, 1.0]])
+    kernel = np.zeros((3, 5))
+    kernel[:, 3] = [0.3, -0.2, 0.1]
+    bias = np.array([big, -big, 0.0, 1.0, -1.0])
+    case = L.LinearCase(name, "wide_span", "3x3x5", hidden, kernel, bias, np.array([1, 1, 0]),
+                        dict(options, chunk_size=2))  # fmt: skip
+    prep = L.prepare(case, dtype)
+    prep.options["reduction"] = "none"
+    outcome = L.run(L.ours(backend, name, prep.options, "none"), backend, prep)
+    assert outcome.error is None, outcome.error
+    want = L.expected(name, prep)
+    assert np.all(np.isfinite(want["value"])) and np.all(want["value"][:2] > 0.4 * big)
+    judgement = L.judge(name, prep, outcome, "strict")
+    assert judgement.kind == "ok", f"[{backend}.{name} {dtype}]: " + "; ".join(judgement.problems)
+
+
 # ----------------------------------------------------------------------------------------------
 # 2. What the standard lets through and what not
 # ----------------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from .parallel import _class_shard, _sum_to_type_of
 from .softmax import (
     _at,
     _log1m,
+    _minus_log_p_times,
     _sharded_top,
     _softcap,
     _softmax_focal_terms,
@@ -69,10 +70,11 @@ def _linear_block(
 
     With `axis_name` (inside ``shard_map``) `z` holds this device's contiguous slice of the
     classes along that mesh axis (y stays the global index); the row's numbers are reduced over
-    the slices, three per row, as torch_impl's: z_top (pmax), then z_y - z_top from the slice
-    that holds y (0 elsewhere) and S_y (psum). The closed forms above are functions of those:
-    the loss is the same on every device, the gradient's slice local. Label smoothing needs one
-    number more per row, sum_c w_c (z_c - z_top) over every class, in the same psum.
+    the slices, four per row, as torch_impl's: z_top (pmax), then z_y - z_top and z_y from the
+    slice that holds y (0 elsewhere) and S_y (psum). The closed forms above are functions of
+    those: the loss is the same on every device, the gradient's slice local. Label smoothing
+    needs two numbers more per row, sum_c w_c (z_c - z_top) over every class and its far form,
+    in the same psum. Logits spanning more than the largest number: as torch_impl's.
     """
     z_loss, softcap = head
     # soft-capping: the block's own logits, elementwise (inside shard_map, its slice)
@@ -89,20 +91,30 @@ def _linear_block(
         # the row's largest logit over every slice: exp(z - z_top) cannot overflow
         z_top = jax.lax.pmax(z_top, axis_name)
     shifted = z - z_top
+    # z_y too, for a row whose logits span more than the largest number (z_y - z_top overflows,
+    # the loss may not: ``softmax._minus_log_p_times``)
     if axis_name is None:
         shifted_y = _at(shifted, y)[:, None]
+        z_y = _at(z, y)[:, None]
     else:
         shifted_y = jnp.sum(jnp.where(is_y, shifted, 0.0), axis=-1, keepdims=True)
+        z_y = jnp.sum(jnp.where(is_y, z, 0.0), axis=-1, keepdims=True)
     e = jnp.where(is_y, 0.0, jnp.exp(shifted))
     others = jnp.sum(e, axis=-1, keepdims=True)
-    spread = None
+    spread = far_spread = None
     if label_smoothing != 0.0:
         spread = jnp.sum(shifted * weights, axis=-1, keepdims=True)
+        # sum_c u w_c (z_top - z_c) as u W z_top - sum_c (u w_c) z_c: each product finite, for
+        # the rows where sum_c w_c (z_c - z_top) overflows
+        share = (label_smoothing / num_classes) * weights
+        far_spread = z_top * jnp.sum(share) - jnp.sum(z * share, axis=-1, keepdims=True)
     if axis_name is not None:
-        # z_y - z_top from the slice that holds y (the others add 0), S_y, the sum of the other
-        # classes' exponentials over every slice and, with label smoothing, sum_c w_c (z_c -
-        # z_top) over every slice's classes (one psum of two or three numbers per row)
-        shifted_y, others, spread = jax.lax.psum((shifted_y, others, spread), axis_name)
+        # z_y - z_top and z_y from the slice that holds y (the others add 0), S_y, the sum of
+        # the other classes' exponentials over every slice and, with label smoothing, sum_c w_c
+        # (z_c - z_top) over every slice's classes and its far form (one psum per row)
+        shifted_y, z_y, others, spread, far_spread = jax.lax.psum(
+            (shifted_y, z_y, others, spread, far_spread), axis_name
+        )
     e_y = jnp.exp(shifted_y)
     total = others + e_y
     log_total = jnp.log(total)
@@ -120,8 +132,14 @@ def _linear_block(
         uniform = label_smoothing / num_classes
         weight_sum = jnp.sum(class_weight)
         mass = (1.0 - label_smoothing) * a_y + uniform * weight_sum * kept
-        loss = (1.0 - label_smoothing) * a_y * (log_total - shifted_y)
-        loss = loss + uniform * kept * (weight_sum * log_total - spread)
+        # -(1 - eps) a_y log p_y, also where z_y - z_top overflowed
+        hot = (1.0 - label_smoothing) * a_y
+        loss = _minus_log_p_times(hot, shifted_y - log_total, z_y, z_top, log_total, a_y)
+        spread_loss = uniform * kept * (weight_sum * log_total - spread)
+        # a class's z_c - z_top overflowed (z_c finite): the products of ``far_spread``
+        far = jnp.isneginf(spread) & jnp.isfinite(far_spread) & (kept != 0.0)
+        far_loss = kept * (uniform * weight_sum * log_total + jnp.where(far, far_spread, 0.0))
+        loss = loss + jnp.where(far, far_loss, spread_loss)
         a = (1.0 - label_smoothing) * a_y * is_y + uniform * kept * weights
         grad = jnp.where(is_y, e_y, e) / total * (mass + z_mass) - a
     else:
@@ -153,7 +171,8 @@ def _linear_block(
             v = a_y * focal_weight * (1.0 - gamma * phi)
         # 0 log 0 = 0: no target mass (ignored row, zero weight) contributes nothing
         weighted = a_y if focal_weight is None else a_y * focal_weight
-        loss = -jnp.where(a_y == 0.0, 0.0, weighted * log_p)
+        # also where z_y - z_top overflowed though the loss does not
+        loss = _minus_log_p_times(weighted, log_p, z_y, z_top, log_total, a_y)
         # p_j v off y, -(1 - p_y) v_y at y: 1 - p_y = S_y / S; the z-term's 2 z_loss lse p_j
         grad = jnp.where(is_y, -not_p * v + z_mass * p, e * ((v + z_mass) / total))
     if z_loss != 0.0:
@@ -579,9 +598,10 @@ def linear_softmax_cross_entropy(
     classes are split over; `linear_weight` (H, V_r) and `bias` (V_r,) are this device's slice
     (shard_map's even slices, in axis order), `hidden`, `targets` (GLOBAL class indices),
     `weight` (the global length-V vector) and `normalizer` the same on every device of the
-    axis. Each block crosses the axis with three numbers per row (pmax of the largest logit,
-    psum of the target's shifted logit and of the other classes' sum of exponentials; with
-    `label_smoothing` the same psum carries the row's class-weighted sum of logits); `softcap`
+    axis. Each block crosses the axis with four numbers per row (pmax of the largest logit,
+    psum of the target's logit, shifted and not, and of the other classes' sum of exponentials;
+    with `label_smoothing` the same psum carries the row's class-weighted sum of logits, shifted
+    and scaled); `softcap`
     is applied to each device's logits, `z_loss` takes the row's log-sum-exp from those
     numbers. The loss is the same on every device, the gradients of `linear_weight` and `bias`
     the local slice of the full ones, and the gradient of `hidden` the full one: one psum of

@@ -30,7 +30,7 @@ from ._inputs import (
     _values_are_concrete,
 )
 from .parallel import _class_slice, _process_group
-from .softmax import _first_top, _softcap, _softmax_loss_or_grad
+from .softmax import _first_top, _minus_log_p_times, _softcap, _softmax_loss_or_grad
 
 
 def _linear_parallel_refuses(label_smoothing, gamma):
@@ -73,12 +73,18 @@ def _linear_block(
     With `shard` = (start, group, V) the block holds this rank's contiguous slice of the
     classes, whose first global class is `start` (y stays the global index, V the number of
     classes over every rank); the row's numbers are put together over `group` as
-    ``softmax._VocabParallel`` does, three per row: z_top (all-reduce MAX), then z_y - z_top from
-    the rank that owns y (0 elsewhere) and S_y (all-reduce SUM). Every closed form above is a
-    function of those, so the loss is the same on every rank and the gradient's slice is local
-    (p_j v_y off y; -(1 - p_y) v_y on the rank that owns y). Label smoothing needs one number
-    more per row, sum_c w_c (z_c - z_top) over every class, which rides in the same SUM; the
-    class weights are the global vector (this rank's part of it is sliced here).
+    ``softmax._VocabParallel`` does, four per row: z_top (all-reduce MAX), then z_y - z_top and
+    z_y from the rank that owns y (0 elsewhere) and S_y (all-reduce SUM). Every closed form above
+    is a function of those, so the loss is the same on every rank and the gradient's slice is
+    local (p_j v_y off y; -(1 - p_y) v_y on the rank that owns y). Label smoothing needs two
+    numbers more per row, sum_c w_c (z_c - z_top) over every class and its far form, which ride
+    in the same SUM; the class weights are the global vector (this rank's part of it is sliced
+    here).
+
+    Logits that span more than the dtype's largest number (z_top > 0 > z_c, both finite) make
+    z_c - z_top overflow to -inf though the loss may be finite: the target's term is then
+    a_y z_top - a_y z_y + a_y log S (``softmax._minus_log_p_times``) and label smoothing's
+    sum_c u w_c (z_top - z_c) is u W z_top - sum_c (u w_c) z_c, each product finite.
     """
     z_loss, softcap = head
     # soft-capping: the block's own logits, elementwise (on a rank, its slice of the classes)
@@ -98,10 +104,20 @@ def _linear_block(
         if class_weight is not None:
             # this rank's classes' weights (the vector is the global one)
             weights = class_weight[start : start + num_local]
+    # the target's logit, for a row whose logits span more than the largest number (z_y - z_top
+    # overflows, the loss may not: ``softmax._minus_log_p_times``); the shift below overwrites z
+    z_y = z.gather(-1, y)
+    far_spread = None
+    if label_smoothing != 0.0:
+        uniform = label_smoothing / num_classes
+        # sum_c u w_c (z_top - z_c) as u W z_top - sum_c (u w_c) z_c: each product finite, for
+        # the rows where sum_c w_c (z_c - z_top) overflows (one matrix-vector product)
+        share = weights if class_weight is not None else z.new_ones(num_local)
+        share = uniform * share
+        far_spread = z_top * share.sum() - (z @ share).unsqueeze(-1)
     shifted = z.sub_(z_top)
     shifted_y = shifted.gather(-1, y)
     if label_smoothing != 0.0:
-        uniform = label_smoothing / num_classes
         if class_weight is None:
             spread = shifted.sum(dim=-1, keepdim=True)
             weight_sum = float(num_classes)
@@ -117,25 +133,32 @@ def _linear_block(
         # keep their column y (a class of theirs like any other)
         e_kept = torch.where(owns, 0.0, e.gather(-1, y))
         others = e.scatter_(-1, y, e_kept).sum(dim=-1, keepdim=True)
-        parts = [torch.where(owns, shifted_y, 0.0), others]
+        parts = [torch.where(owns, shifted_y, 0.0), others, torch.where(owns, z_y, 0.0)]
         if label_smoothing != 0.0:
-            parts.append(spread)
+            parts += [spread, far_spread]
         stats = torch.cat(parts, dim=-1)
         # z_y - z_top from the rank that owns y (the others add 0), S_y, the sum of the other
-        # classes' exponentials over every rank (a NaN logit anywhere makes S_y NaN) and, with
-        # label smoothing, sum_c w_c (z_c - z_top) over every rank's classes
+        # classes' exponentials over every rank (a NaN logit anywhere makes S_y NaN), z_y and,
+        # with label smoothing, sum_c w_c (z_c - z_top) over every rank's classes (and its form
+        # for logits spanning more than the largest number)
         dist.all_reduce(stats, op=dist.ReduceOp.SUM, group=group)
-        shifted_y, others = stats[:, :1], stats[:, 1:2]
+        shifted_y, others, z_y = stats[:, :1], stats[:, 1:2], stats[:, 2:3]
         if label_smoothing != 0.0:
-            spread = stats[:, 2:]
+            spread, far_spread = stats[:, 3:4], stats[:, 4:]
         e_y = torch.exp(shifted_y)
     total = others + e_y
     log_total = torch.log(total)
     if label_smoothing != 0.0:
         # the eps share of the mass sits on every class: no one-hot shortcut for the loss
         mass = (1.0 - label_smoothing) * a_y + uniform * weight_sum * kept
-        loss = (1.0 - label_smoothing) * a_y * (log_total - shifted_y)
-        loss = loss + uniform * kept * (weight_sum * log_total - spread)
+        # -(1 - eps) a_y log p_y, also where z_y - z_top overflowed
+        hot = (1.0 - label_smoothing) * a_y
+        loss = _minus_log_p_times(hot, shifted_y - log_total, z_y, z_top, log_total, a_y == 0.0)
+        spread_loss = uniform * kept * (weight_sum * log_total - spread)
+        # a class's z_c - z_top overflowed (z_c finite): the products of ``far_spread``
+        far = torch.isneginf(spread) & torch.isfinite(far_spread) & (kept != 0.0)
+        far_loss = kept * (uniform * weight_sum * log_total + torch.where(far, far_spread, 0.0))
+        loss = loss + torch.where(far, far_loss, spread_loss)
         focal_weight = None
         v = (1.0 - label_smoothing) * a_y
     else:
@@ -162,7 +185,8 @@ def _linear_block(
             v = a_y * focal_weight * (1.0 - gamma * phi)
         # 0 log 0 = 0: no target mass (ignored row, zero weight) contributes nothing
         weighted = a_y if focal_weight is None else a_y * focal_weight
-        loss = -torch.where(a_y == 0.0, 0.0, weighted * log_p)
+        # also where z_y - z_top overflowed though the loss does not
+        loss = _minus_log_p_times(weighted, log_p, z_y, z_top, log_total, a_y == 0.0)
         mass = v
     z_mass = None
     if z_loss != 0.0:
@@ -223,7 +247,7 @@ def _linear_chunks(
     features, NaN included). With `kernel` (``_linear_takes_triton``, decided once in forward,
     so a backward's recomputation takes the same path) each block's loss and gradient are one
     Triton launch. With `shard` = (start, group, V), `w` and `b` are this rank's slice of the
-    classes (``_linear_block``'s row numbers cross ranks, three per row, four with label
+    classes (``_linear_block``'s row numbers cross ranks, four per row, six with label
     smoothing) and dh = G w is this
     slice's part of the hidden gradient: the parts are added with one all-reduce SUM of the
     (N, H) dh after the last block, in the compute dtype (Megatron's column-parallel linear
@@ -580,12 +604,13 @@ def linear_softmax_cross_entropy(
     and `bias` (V_r,) are this rank's contiguous slice of the classes (slices in rank order,
     sizes may differ, none empty); `hidden`, `targets` (GLOBAL class indices), `weight` (the
     global length-V vector) and `normalizer` the same on every rank. Each block of rows forms
-    its local logits and crosses ranks with three numbers per row (all-reduce MAX of the
-    largest logit, all-reduce SUM of the target's shifted logit and the other classes' sum of
-    exponentials; with `label_smoothing` the same SUM carries a fourth, the row's class-weighted
-    sum of logits); no row is gathered. `softcap` is applied to each rank's logits, `z_loss`
-    takes the row's log-sum-exp from those numbers. Every rank gets the same loss. Backward:
-    the gradients of `linear_weight` and `bias` are the rank's slice of the full ones,
+    its local logits and crosses ranks with four numbers per row (all-reduce MAX of the
+    largest logit, all-reduce SUM of the target's logit, shifted and not, and the other classes'
+    sum of exponentials; with `label_smoothing` the same SUM carries two more, the row's
+    class-weighted sum of logits, shifted and scaled); no row is gathered. `softcap` is applied
+    to each rank's logits, `z_loss` takes the row's log-sum-exp from those numbers. Every rank
+    gets the same loss. Backward: the gradients of `linear_weight` and `bias` are the rank's
+    slice of the full ones,
     computed locally; the gradient of `hidden` is sum_r G_r W_r, one all-reduce SUM of the
     (N, H) gradient per call (as Megatron's column-parallel linear does in its backward), so
     every rank gets the full one; the focal loss with `label_smoothing` and gamma != 0 raises.
@@ -632,7 +657,7 @@ def linear_softmax_focal_loss(
     (``spec.linear_softmax_focal_loss``); layout, blocks and dtypes as
     ``linear_softmax_cross_entropy``. A vector `alpha` that requires grad raises.
     `process_group`: the classes split over ranks as ``linear_softmax_cross_entropy``'s (the
-    focal terms are functions of the same three numbers per row; `alpha` the global vector);
+    focal terms are functions of the same four numbers per row; `alpha` the global vector);
     `label_smoothing` with gamma != 0 raises there."""
     return _linear_softmax(
         hidden,
