@@ -68,3 +68,26 @@ def test_case_cost_weights_expensive_modes():
     assert runner.case_cost(case, "jax", "eager") > runner.case_cost(case, "jax", "jit")
     eager = runner.case_cost(case, "torch", "eager")
     assert runner.case_cost(case, "torch", "compile") > 10 * eager
+
+
+def test_backends_side_by_side_give_the_run_one_after_the_other_gives():
+    # the CLI runs each backend in a thread of its own (torch in the calling one): the same
+    # records in the same order, the same verdicts, notes and cross-backend diagnostics
+    pytest.importorskip("jax")
+    impls = [B.ours("torch", "softmax_focal_loss"), B.ours("jax", "softmax_focal_loss")]
+    impls.append(_unavailable("softmax_focal_loss"))
+    kwargs = dict(dtypes=["float32"], regions=["typical", "confident_wrong"], progress=False)
+    apart = runner.run_matrix(impls, side_by_side=True, **kwargs)
+    along = runner.run_matrix(impls, **kwargs)
+    assert apart.judged > 0 and not apart.failures
+
+    def rows(result):
+        return [(r.impl, r.mode, r.dtype, r.case, r.kind, r.value_ulp, r.grad_ulp)
+                for r in result.records]  # fmt: skip
+
+    assert rows(apart) == rows(along)
+    assert [d["pair"] for d in apart.diagnostics] == [d["pair"] for d in along.diagnostics]
+    assert any("jax_impl" in d["pair"] and "torch_impl" in d["pair"] for d in apart.diagnostics)
+    for field in ("notes", "unavailable", "untested", "unsupported", "config"):
+        assert getattr(apart, field) == getattr(along, field), field
+    assert apart.ok == along.ok is False  # the unloadable implementation

@@ -24,7 +24,7 @@ USAGE_ERROR, FAILED, OK = 2, 1, 0
 # the quick run's time, word for word as README.md and docs/parity.md give it (a test holds the
 # three to this phrase): 226 s measured on 2 idle CPU cores (2026-12, issue 31); 293 s of CPU
 # time, 465 s of wall time on 2 cores shared with other jobs
-QUICK_RUN_TIME = "about 9 minutes on 2 CPU cores"
+QUICK_RUN_TIME = "about 7 minutes on 2 CPU cores"
 
 
 def _grads(text: str):
@@ -302,7 +302,7 @@ def _run(args, parser) -> int:
                 impls, dtypes=args.dtypes, devices=args.devices, level=args.level,
                 losses=logits, regions=args.regions, jit=not args.no_jit,
                 torch_compile=True if args.compile else None, progress=not args.no_progress,
-                compile_budget_s=args.compile_budget,
+                compile_budget_s=args.compile_budget, side_by_side=True,
             )  # fmt: skip
         else:
             names = devices.resolve(args.backends, args.devices)

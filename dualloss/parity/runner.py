@@ -428,8 +428,109 @@ def run_matrix(
     torch_compile: bool | None = None,
     progress: bool = True,
     compile_budget_s: float = 900.0,
+    side_by_side: bool = False,
 ) -> RunResult:
     """Runs every implementation on every case of its loss, dtype, device and mode.
+
+    `side_by_side`: each backend's implementations in a thread of their own, torch's in the
+    calling thread (``backends.time_limit`` needs its SIGALRM), the others beside it. XLA's
+    compilations, torch's kernels and NumPy release the GIL for much of their time: on 2 CPU
+    cores the quick run's JAX and torch halves (about 300 s and 140 s alone) take about 360 s
+    together. The result is the one a run one backend after the other gives (records in the
+    order of the backends, the cross-backend diagnostics from every value), its `seconds` the
+    wall time.
+    """
+    if side_by_side:
+        groups: dict[str, list[B.Implementation]] = {}
+        for impl in implementations:
+            groups.setdefault(impl.backend, []).append(impl)
+        if len(groups) > 1:
+            kwargs = dict(dtypes=dtypes, devices=devices, level=level, losses=losses,
+                          regions=regions, skip=skip, jit=jit, torch_compile=torch_compile,
+                          compile_budget_s=compile_budget_s)  # fmt: skip
+            merged = _side_by_side(groups, kwargs, progress)
+            # in the order of `implementations`, as one run after the other gives them
+            order = {(i.name, i.loss): at for at, i in reversed(list(enumerate(implementations)))}
+            merged.records.sort(key=lambda r: order.get((r.impl, r.loss), len(order)))
+            merged.failures.sort(key=lambda f: order.get((f.impl, f.loss), len(order)))
+            merged.config["implementations"] = [i.name for i in implementations]
+            return merged
+    result, values = _run_matrix(
+        implementations, dtypes=dtypes, devices=devices, level=level, losses=losses,
+        regions=regions, skip=skip, jit=jit, torch_compile=torch_compile, progress=progress,
+        compile_budget_s=compile_budget_s,
+    )  # fmt: skip
+    result.diagnostics = _diagnostics(values)
+    return result
+
+
+def _side_by_side(groups: dict, kwargs: dict, progress: bool) -> RunResult:
+    """``run_matrix``'s backends in threads, merged as one run (see it)."""
+    import threading
+
+    started = time.monotonic()
+    backends = [b for b in B.BACKENDS if b in groups] + [b for b in groups if b not in B.BACKENDS]
+    D.start([b for b in backends if b in B.BACKENDS])  # JAX before torch, once, here
+    main = "torch" if "torch" in groups else backends[0]
+    outcomes: dict[str, tuple] = {}
+    errors: dict[str, BaseException] = {}
+
+    def run(backend, show):
+        try:
+            outcomes[backend] = _run_matrix(groups[backend], progress=show, **kwargs)
+        except BaseException as error:  # noqa: BLE001 - raised again in the calling thread
+            errors[backend] = error
+
+    # the progress bar follows the longest half (JAX's compilations), where there is one
+    longest = "jax" if "jax" in groups else main
+    threads = [threading.Thread(target=run, args=(b, progress and b == longest), daemon=True)
+               for b in backends if b != main]  # fmt: skip
+    for thread in threads:
+        thread.start()
+    run(main, progress and main == longest)
+    for thread in threads:
+        thread.join()
+    for backend in backends:
+        if backend in errors:
+            raise errors[backend]
+    merged = RunResult(config=dict(outcomes[backends[0]][0].config))
+    values: dict = {}
+    for backend in backends:
+        part, part_values = outcomes[backend]
+        merged.records += part.records
+        merged.failures += part.failures
+        merged.notes += [n for n in part.notes if n not in merged.notes]
+        merged.unavailable += part.unavailable
+        merged.untested += part.untested
+        merged.compile_failures += part.compile_failures
+        merged.unsupported += part.unsupported
+        if backend != backends[0]:
+            merged.config["implementations"] += part.config["implementations"]
+            merged.config["precision"] = {**merged.config.get("precision", {}),
+                                          **part.config.get("precision", {})}  # fmt: skip
+        for key, by_impl in part_values.items():
+            values.setdefault(key, {}).update(by_impl)
+    merged.diagnostics = _diagnostics(values)
+    merged.seconds = time.monotonic() - started
+    return merged
+
+
+def _run_matrix(
+    implementations: list[B.Implementation],
+    *,
+    dtypes,
+    devices,
+    level,
+    losses,
+    regions,
+    skip,
+    jit,
+    torch_compile,
+    progress,
+    compile_budget_s,
+) -> tuple[RunResult, dict]:
+    """Runs every implementation on every case of its loss, dtype, device and mode: the run's
+    result without its diagnostics, and the values they are computed from.
 
     Modes: every case runs in the backend's main mode (torch eager, jax.jit: JAX's eager mode
     compiles each primitive for each new shape, slower than one jit per shape), and a subset
@@ -601,9 +702,8 @@ def run_matrix(
             entry = f"{impl_key} (compile): some cases not run, {why}"
             if not any(u.startswith(impl_key) for u in result.untested):
                 result.untested.append(entry)
-    result.diagnostics = _diagnostics(values)
     result.seconds = time.monotonic() - started
-    return result
+    return result, values
 
 
 def _diagnostics(values) -> list[dict]:
