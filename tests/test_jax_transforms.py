@@ -37,6 +37,8 @@ def _options(loss):
 # ----------------------------------------------------------------------------------------------
 
 
+# every loss and both x64 settings, not every pair (--full: all)
+@pytest.mark.exhaustive(strength=1)
 @pytest.mark.parametrize("x64", [False, True])
 @pytest.mark.parametrize("loss", LOSSES)
 def test_jit_vmap_grad_agree_with_eager(loss, x64):
@@ -136,6 +138,8 @@ def test_check_grads_float64_wrt_probability_targets(loss):
         check_grads(f, (logits, targets), order=1, modes=("fwd", "rev"), atol=1e-6, rtol=1e-6)
 
 
+# every loss and both dtypes, not every pair (--full: all)
+@pytest.mark.exhaustive(strength=1)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("loss", LOSSES)
 def test_hessian_is_finite_at_large_logits(loss, dtype):
@@ -230,6 +234,8 @@ def test_sigmoid_focal_hessian_is_finite_at_tiny_soft_targets(gamma, dtype):
         assert bool(jnp.all(jnp.isfinite(hessian))), hessian
 
 
+# every shape and both losses, not every pair (--full: all)
+@pytest.mark.exhaustive(strength=1)
 @pytest.mark.parametrize("shape", [(4, 10), (4, 16), (2, 3, 5), (6, 1)])
 @pytest.mark.parametrize("loss", ["sigmoid_cross_entropy", "sigmoid_focal_loss"])
 def test_nan_or_inf_sigmoid_logit_gives_nan_in_that_element_only(loss, shape):
@@ -254,6 +260,8 @@ def test_nan_or_inf_sigmoid_logit_gives_nan_in_that_element_only(loss, shape):
         assert np.all(np.isfinite(grad[others]))
 
 
+# every shape and both losses, not every pair (--full: all)
+@pytest.mark.exhaustive(strength=1)
 @pytest.mark.parametrize("loss", ["sigmoid_cross_entropy", "sigmoid_focal_loss"])
 @pytest.mark.parametrize("shape", [(64, 10), (16, 1), (3, 4, 20), (16, 40)])
 def test_flattened_sigmoid_layout_gives_the_values_of_the_plain_one(loss, shape):
