@@ -601,11 +601,11 @@ def linear_softmax_cross_entropy(
     axis. Each block crosses the axis with four numbers per row (pmax of the largest logit,
     psum of the target's logit, shifted and not, and of the other classes' sum of exponentials;
     with `label_smoothing` the same psum carries the row's class-weighted sum of logits, shifted
-    and scaled); `softcap`
-    is applied to each device's logits, `z_loss` takes the row's log-sum-exp from those
-    numbers. The loss is the same on every device, the gradients of `linear_weight` and `bias`
-    the local slice of the full ones, and the gradient of `hidden` the full one: one psum of
-    the (N, H) gradient per call (as Megatron's column-parallel linear in its backward).
+    and scaled); `softcap` is applied to each device's logits, `z_loss` takes the row's
+    log-sum-exp from those numbers. The loss is the same on every device, the gradients of
+    `linear_weight` and `bias` the local slice of the full ones, and the gradient of `hidden`
+    the full one: one psum of the (N, H) gradient per call (as Megatron's column-parallel
+    linear in its backward).
     """
     return _linear_softmax(
         hidden,

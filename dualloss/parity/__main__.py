@@ -22,8 +22,8 @@ RUN_REGIONS = REGIONS + tuple(r for r in _registry.LINEAR_REGIONS if r not in RE
 USAGE_ERROR, FAILED, OK = 2, 1, 0
 
 # the quick run's time, word for word as README.md and docs/parity.md give it (a test holds the
-# three to this phrase): 226 s measured on 2 idle CPU cores (2026-12, issue 31); 293 s of CPU
-# time, 465 s of wall time on 2 cores shared with other jobs
+# three to this phrase): 7m32s measured on 2 idle CPU cores on 2026-12-07 (JAX beside torch in
+# two threads, the interpreted kernels on their quick subset)
 QUICK_RUN_TIME = "about 7 minutes on 2 CPU cores"
 
 

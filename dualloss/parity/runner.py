@@ -436,9 +436,9 @@ def run_matrix(
     calling thread (``backends.time_limit`` needs its SIGALRM), the others beside it. XLA's
     compilations, torch's kernels and NumPy release the GIL for much of their time: on 2 CPU
     cores the quick run's JAX and torch halves (about 300 s and 140 s alone) take about 360 s
-    together. The result is the one a run one backend after the other gives (records in the
-    order of the backends, the cross-backend diagnostics from every value), its `seconds` the
-    wall time.
+    together. The result is the one a run of one backend after the other gives (records and
+    failures in the order of `implementations`, the cross-backend diagnostics from every
+    value), its `seconds` the wall time.
     """
     if side_by_side:
         groups: dict[str, list[B.Implementation]] = {}
