@@ -471,6 +471,8 @@ def _side_by_side(groups: dict, kwargs: dict, progress: bool) -> RunResult:
     started = time.monotonic()
     backends = [b for b in B.BACKENDS if b in groups] + [b for b in groups if b not in B.BACKENDS]
     D.start([b for b in backends if b in B.BACKENDS])  # JAX before torch, once, here
+    # every device must exist for every backend (``devices.DeviceError``), as in one run
+    D.resolve(backends, kwargs["devices"])
     main = "torch" if "torch" in groups else backends[0]
     outcomes: dict[str, tuple] = {}
     errors: dict[str, BaseException] = {}
