@@ -85,7 +85,7 @@ SCRIPT = textwrap.dedent(
         # the default profile: every loss with two (reduction, dtype) pairs and the options with
         # one, every reduction with every dtype it runs in above (26 runs, each two compilations)
         RUNS = [("ce", "mean", "float32"), ("ce", "none", "float64"), ("ce", "mean", "bfloat16"),
-                ("ce_weight", "normalizer", "float64"), ("ce_weight", "mean", "float32"),
+                ("ce_weight", "mean", "float64"), ("ce_weight", "mean", "float32"),
                 ("focal", "none", "float64"), ("focal", "mean", "float32"),
                 ("focal_alpha", "normalizer", "float64"), ("focal_alpha", "mean", "bfloat16"),
                 ("ce_head", "normalizer", "float64"), ("focal_head", "mean", "float32"),
