@@ -271,6 +271,105 @@ def test_axis_name_matches_spec_and_unsharded_on_class_and_data_by_class_meshes(
     assert re.search(r"axis_name ok \d+ cases, \d+ programs read", result.stdout), result.stdout
 
 
+# the gradients w.r.t. the other differentiable arguments inside shard_map (their tangents are
+# autodiff of the forward formula, ``parallel._with_sharded_grad``): each raised "Differentiation
+# rule for 'pmax' not implemented" (the row's top over the slices), and before that, at logits
+# spanning beyond the largest number, the class vector's was inf
+GRAD_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from functools import partial
+    import jax, jax.numpy as jnp, numpy as np
+    jax.config.update("jax_enable_x64", True)
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from dualloss import jax_impl
+
+    N, C = 8, 12
+    mesh = Mesh(np.array(jax.devices()[:4]), ("vocab",))
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(N, C)) * 3.0
+    x[1, 7] += 40.0  # confident and right
+    y = rng.integers(0, C, size=N)
+    y[1], y[2] = 7, -100
+    probs = rng.dirichlet(np.ones(C), size=N)
+    weight = rng.uniform(0.2, 1.0, size=C)
+    alpha = rng.uniform(0.1, 0.9, size=C)
+    # logits spanning beyond float32's largest number: row 0's top on the first slice, its
+    # target at -0.9 x the largest number on the last, with a class weight (alpha) of 0.25
+    span = np.where(np.isfinite(x), x, 0.0)
+    span[0, 0], span[0, C - 1] = 0.9 * 3.4028235e38, -0.9 * 3.4028235e38
+    span_y = np.where(y >= 0, y, 3)
+    span_y[0] = C - 1
+    span_vector = np.full(C, 0.5)
+    span_vector[C - 1] = 0.25
+    # (loss, logits, targets, the argument differentiated, its value, other options)
+    CASES = [
+        ("softmax_cross_entropy", x, y, "weight", weight, {}),
+        ("softmax_cross_entropy", x, y, "weight", weight, {"label_smoothing": 0.1}),
+        ("softmax_focal_loss", x, y, "alpha", alpha, {"gamma": 2.0}),
+        ("softmax_cross_entropy", x, probs, "targets", probs, {}),
+        ("softmax_focal_loss", x, probs, "targets", probs, {"gamma": 0.5}),
+        ("softmax_focal_loss", x, y, "gamma", np.float64(1.5), {}),
+        ("softmax_cross_entropy", span, span_y, "weight", span_vector, {}),
+        ("softmax_focal_loss", span, span_y, "alpha", span_vector, {"gamma": 2.0}),
+    ]
+    failures, count = [], 0
+    for dtype in ("float64", "float32"):
+        eps = float(np.finfo(dtype).eps)
+        for loss, logits, targets, name, arg, options in CASES:
+            if logits is span and dtype == "float64":
+                continue  # nothing overflows in float64
+            fn = getattr(jax_impl, loss)
+            a = jnp.asarray(logits, dtype)
+            t = jnp.asarray(targets, dtype) if name == "targets" else jnp.asarray(targets)
+            g = jnp.asarray(arg, dtype)
+
+            def call(z, arg, **sharding):
+                if name == "targets":
+                    return fn(z, arg, **options, **sharding)
+                return fn(z, t, **{name: arg}, **options, **sharding)
+
+            arg_spec = P(None, "vocab") if name == "targets" else P()
+
+            @partial(jax.shard_map, mesh=mesh, in_specs=(P(None, "vocab"), arg_spec),
+                     out_specs=P())
+            def sharded(z, arg):
+                return call(z, arg, axis_name="vocab")
+
+            with jax.set_mesh(mesh):
+                placed = (jax.device_put(a, NamedSharding(mesh, P(None, "vocab"))),
+                          jax.device_put(g, NamedSharding(mesh, arg_spec)))
+                value, grads = jax.jit(jax.value_and_grad(sharded, argnums=(0, 1)))(*placed)
+            want, want_grads = jax.jit(jax.value_and_grad(call, argnums=(0, 1)))(a, g)
+            label = f"{loss}({name}, {sorted(options)}, {dtype}, span {logits is span})"
+            for what, got, ref in (("value", value, want), ("logits' gradient", grads[0],
+                                   want_grads[0]), (f"{name}'s gradient", grads[1], want_grads[1])):
+                got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+                scale = float(np.max(np.abs(ref), initial=0.0))
+                if not (np.all(np.isfinite(got)) and np.all(np.isfinite(ref))):
+                    failures.append(f"{label}: {what} not finite: {got} (unsharded {ref})")
+                elif np.max(np.abs(got - ref), initial=0.0) > 16 * eps * scale:
+                    failures.append(f"{label}: {what} {got} where unsharded gives {ref}")
+            count += 1
+    if failures:
+        sys.exit("\\n".join(failures[:20]))
+    print(f"axis_name gradients ok {count} cases")
+    """
+)
+
+
+def test_gradients_of_class_vectors_targets_and_gamma_inside_shard_map_match_unsharded():
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
+    env["JAX_PLATFORMS"] = "cpu"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    result = subprocess.run(
+        [sys.executable, "-c", GRAD_SCRIPT], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert re.search(r"axis_name gradients ok 14 cases", result.stdout), result.stdout
+
+
 @pytest.mark.parametrize("loss", ["softmax_cross_entropy", "softmax_focal_loss"])
 def test_axis_name_outside_shard_map_is_refused_with_one_sentence(loss):
     fn = getattr(jax_impl, loss)

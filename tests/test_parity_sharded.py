@@ -68,11 +68,15 @@ JAX_SCRIPT = textwrap.dedent(
     ours = partial(jax_impl.softmax_cross_entropy, axis_name="vocab")
     common = dict(backend="jax", dtypes=["float32"], axis_name="vocab")
     verdicts = {}
-    # ours is judged case by case in test_jax_axis_name.py: the adversarial cases here
-    candidates = (("megatron", "2x4", megatron_ce, 5), ("ours", "1-D", ours, 0))
-    for label, name, fn, examples in candidates:
+    # ours is judged case by case in test_jax_axis_name.py: the adversarial cases here, the
+    # gradient w.r.t. the logits (at a class masked by a -inf logit both backends give 0 for
+    # d loss / d t_c where the spec gives +inf, the open disagreement the parity run notes; the
+    # target gradients inside shard_map are compared with the unsharded ones in
+    # test_jax_axis_name.py)
+    candidates = (("megatron", "2x4", megatron_ce, 5, "all"), ("ours", "1-D", ours, 0, "logits"))
+    for label, name, fn, examples, grads in candidates:
         report = check(fn, "softmax_cross_entropy", mesh=meshes[name], max_examples=examples,
-                       **common)
+                       grads=grads, **common)
         verdicts[label, name] = report.ok
         if not report.ok:
             print(report)

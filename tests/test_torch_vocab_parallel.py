@@ -298,6 +298,42 @@ def _worker_cases(rank, world, results):
     if world == 4:
         _worker_dtensor_2d(rank, results)
     _worker_errors(rank, world, results)
+    _worker_span(rank, world, results)
+
+
+# logits spanning more than float32's largest number: row 0's top class on the first rank, its
+# target at -0.9 x the largest number on the last; the class vector requires its gradient
+SPAN = {
+    "ce-weight": ("softmax_cross_entropy", "weight", {}),
+    "focal-alpha": ("softmax_focal_loss", "alpha", {"gamma": 2.0}),
+}
+SPAN_VECTOR = np.array([0.5, 1.0, 0.75, 0.95, 0.9, 0.6, 0.3, 0.8, 0.45, 0.7, 0.35, 0.55, 0.25])
+
+
+def _span_inputs():
+    logits, targets = _inputs("mixed")
+    logits = np.where(np.isfinite(logits), logits, 0.0).astype(np.float32)
+    largest = float(np.finfo(np.float32).max)
+    logits[0, 0], logits[0, C - 1] = 0.9 * largest, -0.9 * largest
+    targets = np.where(targets >= 0, targets, 2)
+    targets[0] = C - 1
+    return logits, targets
+
+
+def _worker_span(rank, world, results):
+    sizes = SIZES[world]
+    start = sum(sizes[:rank])
+    logits, targets = _span_inputs()
+    results["span"] = {}
+    for key, (name, option, extra) in SPAN.items():
+        local = torch.tensor(logits[:, start : start + sizes[rank]], requires_grad=True)
+        vector = torch.tensor(SPAN_VECTOR, dtype=torch.float32, requires_grad=True)
+        loss = getattr(ti, name)(
+            local, torch.tensor(targets), **{option: vector}, **extra,
+            process_group=dist.group.WORLD,
+        )  # fmt: skip
+        loss.backward()
+        results["span"][key] = (float(loss), vector.grad.double().numpy())
 
 
 def _worker_options(rank, world, results, start, size, calls):
@@ -454,7 +490,7 @@ def world(request, tmp_path_factory):
     """{rank: results} of one spawned gloo world of `request.param` processes."""
     size = request.param
     out_dir = tmp_path_factory.mktemp(f"world{size}")
-    keys = ("cases", "dtensor", "errors")
+    keys = ("cases", "dtensor", "errors", "span")
     return size, gloo.spawn_world(size, out_dir, (_worker_cases,), keys=keys)
 
 
@@ -535,6 +571,35 @@ def test_confident_rows_keep_their_tiny_loss(world):
     exact = np.log1p(np.sum(np.exp(np.delete(logits[2], 3) - logits[2, 3])))
     assert 0.0 < value[2] and abs(value[2] - exact) <= 4 * np.finfo(np.float64).eps * exact
     assert value[1] == 0.0  # ignored, although its logits hold +inf
+
+
+def test_class_vector_gradient_at_logits_spanning_beyond_the_largest_number_is_finite(world):
+    # the target's -log p_y = z_top - z_y + log(exp(t) + s) is beyond the largest number, the
+    # mean's 1/W (1/N) brings it back: each term is multiplied by the incoming gradient first.
+    # Every rank returned inf for the far target's weight (alpha)
+    size, ranks = world
+    logits, targets = _span_inputs()
+    x = logits.astype(np.float64)
+    for key, (name, option, extra) in SPAN.items():
+        # per row -(1 - p_y)^gamma log p_y without the class vector, in float64 (finite there)
+        rows = getattr(spec, name)(x, targets, reduction="none", **extra)
+        assert np.all(np.isfinite(rows)) and rows[0] > np.finfo(np.float32).max
+        w = SPAN_VECTOR.astype(np.float32).astype(np.float64)[targets]
+        if option == "weight":
+            # the weighted mean sum_i w_y_i l_i / W: d/dw_c = sum_{y_i = c} (l_i - mean) / W
+            mean = np.sum(w * rows) / np.sum(w)
+            want = np.bincount(targets, (rows - mean) / np.sum(w), minlength=C)
+        else:
+            # the mean over rows of alpha_y_i f_i: d/dalpha_c = sum_{y_i = c} f_i / N
+            mean = np.mean(w * rows)
+            want = np.bincount(targets, rows / N, minlength=C)
+        for rank, results in ranks.items():
+            value, grad = results["span"][key]
+            assert np.all(np.isfinite(grad)), (size, rank, key, grad)
+            # float32 roundings of the logits' terms and the sums: 1e-5 of the largest entry
+            np.testing.assert_allclose(value, mean, rtol=1e-5, err_msg=f"{size} {rank} {key}")
+            np.testing.assert_allclose(grad, want, rtol=0, atol=1e-5 * np.max(np.abs(want)),
+                                       err_msg=f"{size} ranks, rank {rank}, {key}")  # fmt: skip
 
 
 def test_no_row_is_gathered_and_three_all_reduces_carry_three_numbers_per_row(world):

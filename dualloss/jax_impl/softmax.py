@@ -524,7 +524,12 @@ def _softmax_aux(z, t, targets, keep, is_index, z_loss, softcap, reduction, norm
 
 def _sharded_top(x, offset, axis_name):
     """The row's largest entry over every slice of the classes along `axis_name`, and where it is
-    (the first such class of the row, as argmax; none for a NaN row): two scalars per row."""
+    (the first such class of the row, as argmax; none for a NaN row): two scalars per row.
+    Without a tangent (a shift, or where the row's largest entry sits: piecewise constant), so
+    that the forward-mode tangents of the other arguments (class weights, alpha, probability
+    targets, a traced gamma: ``parallel._with_sharded_grad``) never meet pmax, which has no
+    differentiation rule."""
+    x = jax.lax.stop_gradient(x)
     local_top = jnp.max(x, axis=-1, keepdims=True)
     # the row's largest entry: the largest of the slices' (one pmax per row)
     top = jax.lax.pmax(local_top, axis_name)

@@ -917,7 +917,7 @@ class _VocabParallel(torch.autograd.Function):
             phi = _focal_phi(log_p, p, not_p, is_top, s, log1p_s)
             v = (1.0 - gamma * phi) * focal_weight
             v = v if a_y is None else a_y * v
-        per_mass = None
+        per_mass = far_terms = None
         # logits spanning more than the largest number: ``_minus_log_p_times``, log(exp(t) + s)
         # the normaliser's log
         if a_y is None:
@@ -933,8 +933,14 @@ class _VocabParallel(torch.autograd.Function):
                 # the loss per unit of target mass: its derivative w.r.t. a_y (weight / alpha)
                 per_mass = -torch.where(zero, 0.0, log_p)
                 per_mass = per_mass if focal_weight is None else focal_weight * per_mass
+                # where t overflowed (p_y = 0: the focal weight is 1) z_top - z_y +
+                # log(exp(t) + s), formed in backward times the incoming gradient term by term
+                # (finite where a mean's 1/N makes it so), also at a_y = 0
+                far = (log_p == -math.inf) & torch.isfinite(z_y)
                 if keep is not None:
                     per_mass = torch.where(keep.unsqueeze(-1), per_mass, 0.0)
+                    far = far & keep.unsqueeze(-1)
+                far_terms = (far, torch.where(far, z_y, 0.0), torch.where(far, z_top, 0.0))
         if m is not None:
             # -sum_c m_c log p_c = M log(exp(t) + s) - sum_c m_c (z_c - z_top)
             loss = loss + ((m_y + m_rest) * log1p_s - stats[..., 2:3])
@@ -964,6 +970,8 @@ class _VocabParallel(torch.autograd.Function):
             m_rest,
             lse,
             log_norm,
+            *(far_terms or (None, None, None)),
+            log1p_s if far_terms else None,
         )
         ctx.z_loss = z_loss
         ctx.mark_non_differentiable(lse)
@@ -1006,7 +1014,11 @@ class _VocabParallel(torch.autograd.Function):
         # the target mass's gradient (a_y = weight[y] or alpha[y]), the same on every rank
         grad_a = None
         if ctx.needs_input_grad[2]:
-            grad_a = grad_loss.unsqueeze(-1) * per_mass
+            grad_a = g * per_mass
+            far, z_y_far, z_top_far, log_exp_t_s = ctx.saved_tensors[14:18]
+            # -log p_y = z_top - z_y + log(exp(t) + s) where t overflowed, each term times g first
+            far_grad = (g * z_top_far - g * z_y_far) + g * log_exp_t_s
+            grad_a = torch.where(far, far_grad, grad_a)
         # the local mass's gradient -log p_c = log(exp(t) + s) - (z_c - z_top) (probability
         # targets: each rank its slice; +inf where p_c = 0, as the spec), 0 on rows not kept
         grad_m = None
