@@ -91,3 +91,31 @@ def test_backends_side_by_side_give_the_run_one_after_the_other_gives():
     for field in ("notes", "unavailable", "untested", "unsupported", "config"):
         assert getattr(apart, field) == getattr(along, field), field
     assert apart.ok == along.ok is False  # the unloadable implementation
+
+
+def test_a_gradient_of_our_own_backend_that_raises_is_a_failure_not_left_out():
+    # the run differentiates dualloss's backends w.r.t. the probability targets and class
+    # vectors too (``backends.our_wrt``); where that raised (JAX inside shard_map: pmax has no
+    # differentiation rule) the call fell back to the logits' gradient alone and held
+    jax = pytest.importorskip("jax")
+    from dualloss import jax_impl
+
+    def opaque_targets(x, t, **kwargs):
+        # the targets through a callback, which has no derivative: differentiating them raises
+        t = jax.pure_callback(lambda a: a, jax.ShapeDtypeStruct(t.shape, t.dtype), t)
+        return jax_impl.softmax_cross_entropy(x, t, **kwargs)
+
+    impl = B.ours("jax", "softmax_cross_entropy")
+    impl.fn = opaque_targets
+    result = runner.run_matrix([impl], dtypes=["float32"], regions=["typical", "soft_targets"],
+                               progress=False)  # fmt: skip
+    cases = make_cases("softmax_cross_entropy", "float32", regions=["typical", "soft_targets"])
+    index = {c.name for c in cases if c.index_targets}
+    # class indices: nothing but the logits to differentiate, judged as before
+    assert sorted({r.kind for r in result.records if r.case in index}) == ["ok"]
+    assert sorted({r.kind for r in result.records if r.case not in index}) == ["error"]
+    assert not result.ok
+    assert any(
+        "the gradient w.r.t. targets: differentiating it raised" in f.problems[0]
+        for f in result.failures
+    ), [f.problems for f in result.failures]

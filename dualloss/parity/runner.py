@@ -215,6 +215,13 @@ def evaluate(
         return "compile-error", None, outcome
     if outcome.error is not None:
         return "error", None, outcome
+    if outcome.input_grad_errors and impl.name.split("[", 1)[0] in OWN:
+        # dualloss's own backends differentiate every input ``backends.our_wrt`` names (a
+        # peer's or a candidate's that raises is left out and noted): one that raises is a
+        # failure, never a gradient silently not judged
+        name, why = next(iter(outcome.input_grad_errors.items()))
+        outcome.error = f"the gradient w.r.t. {name}: {why}"
+        return "error", None, outcome
     try:
         judgement = judge_outcome(prep, outcome, standard)
     except Exception as error:  # noqa: BLE001 - e.g. a wrong output shape
