@@ -542,23 +542,40 @@ def _sharded_top(x, offset, axis_name):
 
 def _sharded_log_softmax(z, offset, axis_name):
     """``_log_softmax`` on this device's slice of the classes: the same seven results, for the
-    local classes, and the row's largest logit z_top (lse = z_top + log1p(s)), from three scalars
+    local classes, and the row's largest logit z_top (lse = z_top + log1p(s)), from four scalars
     per row reduced over the slices (the largest logit, where it is, and s = the sum of
-    exp(z_j - z_top) off the top). s is summed as in ``_shifted_sums``
+    exp(z_j - z_top) off the top with the top's own logit, for its derivative, in one psum). s
+    is summed as in ``_shifted_sums``
     (times 2^k, so no term that matters is flushed), and log s is log of that sum minus k ln 2:
     exact where s itself would underflow (the single-device path takes the runner-up there)."""
-    # the shift (a constant: every result is invariant to it) and the top class, over the slices
-    z_top, is_top = _sharded_top(jax.lax.stop_gradient(z), offset, axis_name)
+    # the shift m (a constant) and the top class, over the slices
+    m, is_top = _sharded_top(z, offset, axis_name)
     # a +inf logit makes the whole row NaN (DESIGN 5), like a NaN logit does
-    z_top = jnp.where(z_top == jnp.inf, jnp.nan, z_top)
-    shifted = z - z_top
+    m = jnp.where(m == jnp.inf, jnp.nan, m)
     power = _unflush_power(z.dtype)
     shift = float(np.asarray(power * math.log(2.0), jnp.dtype(z.dtype)))
     # the terms times 2^k (``_scaled_exp``): none that matters flushed
-    e = _scaled_exp(shifted)
-    # the sum of exponentials off the top, times 2^k: this slice's, then the row's (one psum)
-    scaled_s = jnp.sum(jnp.where(is_top, 0.0, e), axis=-1, keepdims=True)
-    scaled_s = jax.lax.psum(scaled_s, axis_name)
+    e = _scaled_exp(z - m)
+    # the sum of exponentials off the top, times 2^k, and the top's own logit (from the slice
+    # that holds it): this slice's, then the row's (one psum of two numbers per row)
+    local = jnp.concatenate(
+        [
+            jnp.sum(jnp.where(is_top, 0.0, e), axis=-1, keepdims=True),
+            jnp.sum(jnp.where(is_top, z, 0.0), axis=-1, keepdims=True),
+        ],
+        -1,
+    )
+    scaled_s, picked = jnp.split(jax.lax.psum(local, axis_name), 2, axis=-1)
+    # t = z_top - m: 0 in value (the top's logit is the row's largest), the top logit's tangent
+    # in derivatives (0 for a row without a finite top), so that the terms are those of
+    # z - z_top, as ``_log_softmax``'s: its own derivatives (Hessians: forward mode over the
+    # closed-form gradient) see the top's logit move, where a constant shift would make the
+    # top's term a constant 1
+    t = jnp.where(jnp.isfinite(m), picked - jax.lax.stop_gradient(picked), 0.0)
+    z_top = m + t
+    shifted = (z - m) - t
+    # s = sum_{j != top} exp(z_j - z_top): exp(-t) is 1 in value
+    scaled_s = scaled_s * jnp.exp(-t)
     s = scaled_s * 2.0**-power
     has_others = scaled_s > 0.0
     log1p_s = jnp.log1p(s)
@@ -570,8 +587,9 @@ def _sharded_log_softmax(z, offset, axis_name):
     log_s = jnp.where(normal, jnp.log(jnp.where(normal, s, 1.0)), log_scaled)
     log_s = jnp.where(has_others, log_s, -jnp.inf)
     log_p = shifted - log1p_s
-    # p = exp(z - z_top) / (1 + s), from the scaled terms (no second exp; 2^-k is exact)
-    p = e / (1.0 + s) * 2.0**-power
+    # p = exp(z - z_top) / (1 + s), from the scaled terms (no second exp; 2^-k is exact;
+    # exp(-t) is 1 in value)
+    p = e * jnp.exp(-t) / (1.0 + s) * 2.0**-power
     # 1 - p_top = s / (1 + s), never formed as 1 - p
     not_p = jnp.where(is_top, s / (1.0 + s), 1.0 - p)
     # log s - log1p(s) at a top with s < 1; log(1 - p) elsewhere (as ``_log_softmax``)
