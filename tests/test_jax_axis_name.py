@@ -274,8 +274,8 @@ def test_axis_name_matches_spec_and_unsharded_on_class_and_data_by_class_meshes(
 
 # the gradients w.r.t. the other differentiable arguments inside shard_map (their tangents are
 # autodiff of the forward formula, ``parallel._with_sharded_grad``): each raised "Differentiation
-# rule for 'pmax' not implemented" (the row's top over the slices), and before that, at logits
-# spanning beyond the largest number, the class vector's was inf
+# rule for 'pmax' not implemented" (the row's top over the slices); the rows spanning beyond the
+# largest number keep the class vector's gradient finite (torch's process_group= path gave inf)
 GRAD_SCRIPT = textwrap.dedent(
     """
     import sys

@@ -333,7 +333,7 @@ def _worker_span(rank, world, results):
             process_group=dist.group.WORLD,
         )  # fmt: skip
         loss.backward()
-        results["span"][key] = (float(loss), vector.grad.double().numpy())
+        results["span"][key] = (loss.item(), vector.grad.double().numpy())
 
 
 def _worker_options(rank, world, results, start, size, calls):
