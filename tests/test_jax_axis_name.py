@@ -243,6 +243,18 @@ SCRIPT = textwrap.dedent(
 )
 
 
+def _on_host_devices(script: str, count: int, *args: str) -> subprocess.CompletedProcess:
+    """`script` run by a fresh interpreter with `count` forced host devices (the flag must be
+    set before jax is imported), this checkout first on its path."""
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={count}")
+    env["JAX_PLATFORMS"] = "cpu"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, capture_output=True, text=True, timeout=600
+    )
+
+
 @pytest.mark.parametrize(
     "profile",
     [
@@ -257,17 +269,7 @@ SCRIPT = textwrap.dedent(
     ],
 )
 def test_axis_name_matches_spec_and_unsharded_on_class_and_data_by_class_meshes(profile):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    env["JAX_PLATFORMS"] = "cpu"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, profile],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = _on_host_devices(SCRIPT, 8, profile)
     assert result.returncode == 0, result.stderr[-4000:]
     assert re.search(r"axis_name ok \d+ cases, \d+ programs read", result.stdout), result.stdout
 
@@ -389,13 +391,7 @@ GRAD_SCRIPT = textwrap.dedent(
 
 
 def test_gradients_of_class_vectors_targets_gamma_and_second_derivatives_match_unsharded():
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4")
-    env["JAX_PLATFORMS"] = "cpu"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    result = subprocess.run(
-        [sys.executable, "-c", GRAD_SCRIPT], env=env, capture_output=True, text=True, timeout=600
-    )
+    result = _on_host_devices(GRAD_SCRIPT, 4)
     assert result.returncode == 0, result.stderr[-4000:]
     assert re.search(r"axis_name gradients ok 17 cases", result.stdout), result.stdout
 
