@@ -558,14 +558,9 @@ def _sharded_log_softmax(z, offset, axis_name):
     e = _scaled_exp(z - m)
     # the sum of exponentials off the top, times 2^k, and the top's own logit (from the slice
     # that holds it): this slice's, then the row's (one psum of two numbers per row)
-    local = jnp.concatenate(
-        [
-            jnp.sum(jnp.where(is_top, 0.0, e), axis=-1, keepdims=True),
-            jnp.sum(jnp.where(is_top, z, 0.0), axis=-1, keepdims=True),
-        ],
-        -1,
-    )
-    scaled_s, picked = jnp.split(jax.lax.psum(local, axis_name), 2, axis=-1)
+    scaled_s = jnp.sum(jnp.where(is_top, 0.0, e), axis=-1, keepdims=True)
+    picked = jnp.sum(jnp.where(is_top, z, 0.0), axis=-1, keepdims=True)
+    scaled_s, picked = jax.lax.psum((scaled_s, picked), axis_name)
     # t = z_top - m: 0 in value (the top's logit is the row's largest), the top logit's tangent
     # in derivatives (0 for a row without a finite top), so that the terms are those of
     # z - z_top, as ``_log_softmax``'s: its own derivatives (Hessians: forward mode over the

@@ -940,7 +940,7 @@ class _VocabParallel(torch.autograd.Function):
                 if keep is not None:
                     per_mass = torch.where(keep.unsqueeze(-1), per_mass, 0.0)
                     far = far & keep.unsqueeze(-1)
-                far_terms = (far, torch.where(far, z_y, 0.0), torch.where(far, z_top, 0.0))
+                far_terms = (far, torch.where(far, z_y, 0.0))
         if m is not None:
             # -sum_c m_c log p_c = M log(exp(t) + s) - sum_c m_c (z_c - z_top)
             loss = loss + ((m_y + m_rest) * log1p_s - stats[..., 2:3])
@@ -970,7 +970,7 @@ class _VocabParallel(torch.autograd.Function):
             m_rest,
             lse,
             log_norm,
-            *(far_terms or (None, None, None)),
+            *(far_terms or (None, None)),
             log1p_s if far_terms else None,
         )
         ctx.z_loss = z_loss
@@ -1014,11 +1014,10 @@ class _VocabParallel(torch.autograd.Function):
         # the target mass's gradient (a_y = weight[y] or alpha[y]), the same on every rank
         grad_a = None
         if ctx.needs_input_grad[2]:
-            grad_a = g * per_mass
-            far, z_y_far, z_top_far, log_exp_t_s = ctx.saved_tensors[14:18]
+            far, z_y_far, log_exp_t_s = ctx.saved_tensors[14:17]
             # -log p_y = z_top - z_y + log(exp(t) + s) where t overflowed, each term times g first
-            far_grad = (g * z_top_far - g * z_y_far) + g * log_exp_t_s
-            grad_a = torch.where(far, far_grad, grad_a)
+            far_grad = _far_loss(g, z_y_far, torch.where(far, z_top, 0.0), log_exp_t_s)
+            grad_a = torch.where(far, far_grad, g * per_mass)
         # the local mass's gradient -log p_c = log(exp(t) + s) - (z_c - z_top) (probability
         # targets: each rank its slice; +inf where p_c = 0, as the spec), 0 on rows not kept
         grad_m = None
@@ -1148,8 +1147,7 @@ class _VocabParallelDense(torch.autograd.Function):
         grad_a = None
         if per_mass is not None:
             # -log p = z_top - z + log1p(s) where z - z_top overflowed, each term times g first
-            z_top_far = torch.where(far, z_top, 0.0)
-            far_grad = (g * z_top_far - g * z_far) + g * log1p_s
+            far_grad = _far_loss(g, z_far, torch.where(far, z_top, 0.0), log1p_s)
             grad_a = torch.where(far, far_grad, per_mass * g)
         return grad_z, grad_a, None, None, None, None, None
 
