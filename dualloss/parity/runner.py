@@ -447,14 +447,14 @@ def run_matrix(
     failures in the order of `implementations`, the cross-backend diagnostics from every
     value), its `seconds` the wall time.
     """
+    kwargs = dict(dtypes=dtypes, devices=devices, level=level, losses=losses, regions=regions,
+                  skip=skip, jit=jit, torch_compile=torch_compile,
+                  compile_budget_s=compile_budget_s)  # fmt: skip
     if side_by_side:
         groups: dict[str, list[B.Implementation]] = {}
         for impl in implementations:
             groups.setdefault(impl.backend, []).append(impl)
         if len(groups) > 1:
-            kwargs = dict(dtypes=dtypes, devices=devices, level=level, losses=losses,
-                          regions=regions, skip=skip, jit=jit, torch_compile=torch_compile,
-                          compile_budget_s=compile_budget_s)  # fmt: skip
             merged = _side_by_side(groups, kwargs, progress)
             # in the order of `implementations`, as one run after the other gives them
             order = {(i.name, i.loss): at for at, i in reversed(list(enumerate(implementations)))}
@@ -462,11 +462,7 @@ def run_matrix(
             merged.failures.sort(key=lambda f: order.get((f.impl, f.loss), len(order)))
             merged.config["implementations"] = [i.name for i in implementations]
             return merged
-    result, values = _run_matrix(
-        implementations, dtypes=dtypes, devices=devices, level=level, losses=losses,
-        regions=regions, skip=skip, jit=jit, torch_compile=torch_compile, progress=progress,
-        compile_budget_s=compile_budget_s,
-    )  # fmt: skip
+    result, values = _run_matrix(implementations, progress=progress, **kwargs)
     result.diagnostics = _diagnostics(values)
     return result
 
@@ -513,8 +509,8 @@ def _side_by_side(groups: dict, kwargs: dict, progress: bool) -> RunResult:
         merged.untested += part.untested
         merged.compile_failures += part.compile_failures
         merged.unsupported += part.unsupported
+        # (the implementations are listed by ``run_matrix``, in their order)
         if backend != backends[0]:
-            merged.config["implementations"] += part.config["implementations"]
             merged.config["precision"] = {**merged.config.get("precision", {}),
                                           **part.config.get("precision", {})}  # fmt: skip
         for key, by_impl in part_values.items():
